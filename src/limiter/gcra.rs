@@ -1,0 +1,124 @@
+//! Leaky bucket as a meter: the generic cell rate algorithm (GCRA), as redis-cell's
+//! `CL.THROTTLE` computes it. One "theoretical arrival time" (TAT) per key; a request of cost
+//! `c` moves it `c` emission intervals (`period / rate`) into the future, and is admitted
+//! while the TAT stays within `burst` intervals of now. `burst` is the capacity: how many
+//! units a fresh key may take at once (redis-cell's `max_burst + 1`).
+//!
+//! Exact integers: times are kept *scaled by `rate`* (`ns x rate`), so the emission interval
+//! is exactly `period` scaled units even when `period / rate` is not a whole number of
+//! nanoseconds (redis-cell truncates it).
+//!
+//! The same admissions as a token bucket of the same rate and capacity (GCRA is its
+//! "virtual scheduling" form); the property tests check that equivalence.
+
+use super::{check_period, Decision, Divisor, Nanos, Outcome, PolicyError};
+use serde::{Deserialize, Serialize};
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Policy {
+    rate: Divisor,
+    period: Divisor,
+    burst: u64,
+}
+
+impl Policy {
+    /// `rate` units per `period` nanoseconds, with `burst` units available at once.
+    ///
+    /// ```
+    /// use quorate::limiter::gcra::{decide, Policy, State};
+    /// // redis-cell's `CL.THROTTLE key 15 30 60`: 30 per 60 s, max_burst 15 (capacity 16).
+    /// let p = Policy::new(30, 60_000_000_000, 16).unwrap();
+    /// let mut s = State::default();
+    /// let d = decide(&mut s, &p, 0, 1);
+    /// assert!(d.allowed());
+    /// assert_eq!((d.limit, d.remaining, d.reset_after_secs()), (16, 15, 2));
+    /// ```
+    pub fn new(rate: u64, period: Nanos, burst: u64) -> Result<Self, PolicyError> {
+        if rate == 0 {
+            return Err(PolicyError::ZeroLimit);
+        }
+        if burst == 0 {
+            return Err(PolicyError::ZeroBurst);
+        }
+        check_period(period)?;
+        Ok(Policy {
+            rate: rate.into(),
+            period: period.into(),
+            burst,
+        })
+    }
+    pub fn rate(&self) -> u64 {
+        self.rate.get()
+    }
+    pub fn period(&self) -> Nanos {
+        self.period.get()
+    }
+    pub fn burst(&self) -> u64 {
+        self.burst
+    }
+    pub(crate) fn rate_divisor(&self) -> Divisor {
+        self.rate
+    }
+}
+
+/// The theoretical arrival time, in nanoseconds x rate. Zero (any time <= now) is "fresh".
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct State {
+    tat: u128,
+}
+
+/// The scheduling core shared with the leaky-bucket queue. Returns the decision and the
+/// backlog (TAT - now, scaled) that was ahead of the request.
+#[inline]
+pub(crate) fn schedule(s: &mut State, p: &Policy, now: Nanos, cost: u64) -> (Decision, u128) {
+    let capacity = p.burst;
+    let (rate_w, period_w) = (p.rate() as u128, p.period() as u128);
+    let now_s = now as u128 * rate_w;
+    let tolerance = capacity as u128 * period_w;
+    // Never more than `tolerance` for monotone time; clamped so a misuse cannot underflow.
+    let backlog = s.tat.saturating_sub(now_s).min(tolerance);
+    let mut ttl = backlog;
+    let mut d = Decision {
+        outcome: Outcome::Allowed,
+        limit: capacity,
+        remaining: 0,
+        reset_after: 0,
+        retry_after: 0,
+        delay: 0,
+    };
+    if cost > capacity {
+        d.outcome = Outcome::Never;
+    } else {
+        let after = backlog + cost as u128 * period_w;
+        match now_s.checked_add(after) {
+            Some(tat) if after <= tolerance => {
+                if cost > 0 {
+                    s.tat = tat;
+                    ttl = after;
+                }
+            }
+            // Past the end of representable time (2^128 scaled units) nothing is admitted.
+            None => {
+                d.outcome = Outcome::Denied;
+                d.retry_after = u64::MAX;
+            }
+            Some(_) => {
+                d.outcome = Outcome::Denied;
+                d.retry_after = p.rate.ceil_sat(after - tolerance);
+            }
+        }
+    }
+    d.remaining = p.period.div_sat(tolerance - ttl);
+    d.reset_after = p.rate.ceil_sat(ttl);
+    (d, backlog)
+}
+
+#[inline]
+pub fn decide(s: &mut State, p: &Policy, now: Nanos, cost: u64) -> Decision {
+    schedule(s, p, now, cost).0
+}
+
+/// True when nothing is scheduled after `now`: the key is as if never seen.
+pub fn is_fresh(s: &State, p: &Policy, now: Nanos) -> bool {
+    s.tat <= now as u128 * p.rate() as u128
+}

@@ -1,0 +1,374 @@
+//! The algorithm core: pure, deterministic rate-limiting decisions.
+//!
+//! Every function here takes the current *shard time* (`now`, integer nanoseconds) as an
+//! argument, reads no clock, does no I/O and keeps no floats in its state, so replicas that
+//! replay the same log of `(now, key, cost)` reach byte-identical state.
+//!
+//! One file per algorithm, each with a `Policy` (validated parameters), a `State` (per key,
+//! `Default` is "never seen") and `decide(&mut state, &policy, now, cost) -> Decision`.
+//! [`Limit`] and [`KeyState`] wrap the six algorithms in one type for callers that hold
+//! policies of several kinds (the shard, the simulator).
+//!
+//! Conventions shared by all algorithms:
+//! - `cost = 0` peeks: the answer is "allowed" with the current `remaining`, and the state's
+//!   future decisions are unchanged.
+//! - A cost larger than the policy's capacity can never succeed: the outcome is
+//!   [`Outcome::Never`], distinct from [`Outcome::Denied`] ("not now, retry after").
+//! - Time is monotone per key: shard time never runs backwards (the shard stamps each batch
+//!   with `max(previous, ...)`), and the algorithms are specified for non-decreasing `now`.
+//!   An earlier `now` never panics; the window algorithms and the token bucket treat it as
+//!   the latest time they have seen.
+//! - A denial changes nothing the key's future decisions depend on.
+//! - Arithmetic is widened to `u128` where products can exceed `u64`, and saturates or denies
+//!   rather than wraps, so no rate, period or cost can panic or over-admit.
+
+pub mod fixed_window;
+pub mod gcra;
+pub mod leaky_queue;
+pub mod sliding_counter;
+pub mod sliding_log;
+pub mod token_bucket;
+
+use serde::{Deserialize, Serialize};
+use std::fmt;
+
+/// Shard time and durations, in nanoseconds.
+pub type Nanos = u64;
+
+/// One second in nanoseconds.
+pub const SECOND: Nanos = 1_000_000_000;
+
+/// The longest period a policy may have: 366 days. Bounding it keeps every product of a
+/// period with a count inside `u128` (2^64 x 2^55), which is what makes the arithmetic exact.
+pub const MAX_PERIOD: Nanos = 366 * 24 * 3600 * SECOND;
+
+/// The largest limit a sliding-window-log policy may have. Its state holds up to `limit`
+/// timestamps per key, so the limit is also the memory bound per key (16 bytes each).
+pub const MAX_LOG_LIMIT: u64 = 100_000;
+
+/// What a decision says about the request.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub enum Outcome {
+    /// Admitted (for the leaky-bucket queue: admitted to start after [`Decision::delay`]).
+    Allowed,
+    /// Not now: it would succeed after [`Decision::retry_after`] if nothing else consumed.
+    Denied,
+    /// Never: the cost exceeds what the policy can ever grant at once.
+    Never,
+}
+
+/// The answer to one check. All durations are exact nanoseconds from `now`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Decision {
+    pub outcome: Outcome,
+    /// The policy's capacity: the most one key can be granted at once.
+    pub limit: u64,
+    /// The largest cost that would be admitted right now (after this decision's consumption).
+    pub remaining: u64,
+    /// Time until the key is back to its "never seen" state if nothing else arrives.
+    pub reset_after: Nanos,
+    /// For [`Outcome::Denied`]: the earliest time from now at which the same request would be
+    /// admitted if nothing else consumed. Zero otherwise.
+    pub retry_after: Nanos,
+    /// For the leaky-bucket queue: how long the admitted request must wait before it starts.
+    /// Zero for every other algorithm.
+    pub delay: Nanos,
+}
+
+impl Decision {
+    /// True when the request was admitted (possibly with a [`Decision::delay`]).
+    pub fn allowed(&self) -> bool {
+        self.outcome == Outcome::Allowed
+    }
+
+    /// `retry_after` in whole seconds, rounded up: waiting that long must succeed.
+    pub fn retry_after_secs(&self) -> u64 {
+        ceil_secs(self.retry_after)
+    }
+
+    /// `reset_after` in whole seconds, rounded up.
+    pub fn reset_after_secs(&self) -> u64 {
+        ceil_secs(self.reset_after)
+    }
+}
+
+/// Nanoseconds to whole seconds, rounded up.
+pub fn ceil_secs(ns: Nanos) -> u64 {
+    ns.div_ceil(SECOND)
+}
+
+/// Why a policy's parameters were refused. Messages name the field and the fix.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum PolicyError {
+    #[error("`limit` must be at least 1 (a limit of 0 admits nothing; remove the policy instead)")]
+    ZeroLimit,
+    #[error("`burst` must be at least 1 (it is how many requests one key can make at once)")]
+    ZeroBurst,
+    #[error("`period` must be at least 1ns")]
+    ZeroPeriod,
+    #[error("`period` {0}ns is longer than the maximum of 366 days; use a shorter period")]
+    PeriodTooLong(Nanos),
+    #[error(
+        "`limit` {0} is too large for sliding_log (at most {max}: its state keeps one timestamp per admitted unit); use sliding_counter for large limits",
+        max = MAX_LOG_LIMIT
+    )]
+    LogLimitTooLarge(u64),
+}
+
+pub(crate) fn check_period(period: Nanos) -> Result<(), PolicyError> {
+    match period {
+        0 => Err(PolicyError::ZeroPeriod),
+        p if p > MAX_PERIOD => Err(PolicyError::PeriodTooLong(p)),
+        _ => Ok(()),
+    }
+}
+
+/// A non-zero `u64` divisor with its reciprocal precomputed when the policy is built.
+///
+/// Hardware division (and `u128` division even more) costs more than the rest of a decision
+/// together; with `m = floor((2^64 - 1) / d)`, `(x m) >> 64` is `x / d` or one less, so one
+/// multiply and one correction give the exact quotient of any `u64` (larger dividends, which
+/// only extreme parameters produce, fall back to plain division). Serialised as `d` alone.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(from = "u64", into = "u64")]
+pub struct Divisor {
+    d: u64,
+    m: u64,
+}
+
+impl From<u64> for Divisor {
+    /// Zero (never produced by a validated policy) is treated as one rather than panicking.
+    fn from(d: u64) -> Self {
+        let d = d.max(1);
+        Divisor { d, m: u64::MAX / d }
+    }
+}
+
+impl From<Divisor> for u64 {
+    fn from(v: Divisor) -> u64 {
+        v.d
+    }
+}
+
+impl Divisor {
+    pub fn get(self) -> u64 {
+        self.d
+    }
+
+    /// `(x / d, x % d)`, exact.
+    #[inline]
+    pub fn div_rem(self, x: u128) -> (u128, u64) {
+        if x >> 64 != 0 {
+            return (x / self.d as u128, (x % self.d as u128) as u64);
+        }
+        let x = x as u64;
+        let mut q = ((x as u128 * self.m as u128) >> 64) as u64;
+        let mut r = x - q * self.d;
+        if r >= self.d {
+            q += 1;
+            r -= self.d;
+        }
+        (q as u128, r)
+    }
+
+    /// `x / d` saturated to `u64`.
+    #[inline]
+    pub fn div_sat(self, x: u128) -> u64 {
+        u64::try_from(self.div_rem(x).0).unwrap_or(u64::MAX)
+    }
+
+    /// `ceil(x / d)` saturated to `u64` (durations past 584 years read as forever).
+    #[inline]
+    pub fn ceil_sat(self, x: u128) -> u64 {
+        let (q, r) = self.div_rem(x);
+        u64::try_from(q + (r != 0) as u128).unwrap_or(u64::MAX)
+    }
+}
+
+/// The names of the algorithms, as written in policy files.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Algorithm {
+    FixedWindow,
+    SlidingLog,
+    SlidingCounter,
+    TokenBucket,
+    /// Leaky bucket as a meter: the generic cell rate algorithm.
+    Gcra,
+    /// Leaky bucket as a queue: admitted requests are told how long to wait.
+    LeakyQueue,
+}
+
+impl Algorithm {
+    pub const ALL: [Algorithm; 6] = [
+        Algorithm::FixedWindow,
+        Algorithm::SlidingLog,
+        Algorithm::SlidingCounter,
+        Algorithm::TokenBucket,
+        Algorithm::Gcra,
+        Algorithm::LeakyQueue,
+    ];
+
+    /// The name used in policy files and reports.
+    pub fn name(self) -> &'static str {
+        match self {
+            Algorithm::FixedWindow => "fixed_window",
+            Algorithm::SlidingLog => "sliding_log",
+            Algorithm::SlidingCounter => "sliding_counter",
+            Algorithm::TokenBucket => "token_bucket",
+            Algorithm::Gcra => "gcra",
+            Algorithm::LeakyQueue => "leaky_queue",
+        }
+    }
+
+    /// Parses a policy-file name; the error lists the accepted names.
+    pub fn from_name(name: &str) -> Result<Self, String> {
+        Algorithm::ALL
+            .into_iter()
+            .find(|a| a.name() == name)
+            .ok_or_else(|| {
+                let names: Vec<_> = Algorithm::ALL.iter().map(|a| a.name()).collect();
+                format!(
+                    "unknown algorithm `{name}`; use one of: {}",
+                    names.join(", ")
+                )
+            })
+    }
+}
+
+impl fmt::Display for Algorithm {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+/// A validated limit of any algorithm.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub enum Limit {
+    FixedWindow(fixed_window::Policy),
+    SlidingLog(sliding_log::Policy),
+    SlidingCounter(sliding_counter::Policy),
+    TokenBucket(token_bucket::Policy),
+    Gcra(gcra::Policy),
+    LeakyQueue(leaky_queue::Policy),
+}
+
+/// The per-key state of any algorithm. `KeyState::default_for(limit)` is "never seen".
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub enum KeyState {
+    FixedWindow(fixed_window::State),
+    SlidingLog(sliding_log::State),
+    SlidingCounter(sliding_counter::State),
+    TokenBucket(token_bucket::State),
+    Gcra(gcra::State),
+    LeakyQueue(leaky_queue::State),
+}
+
+impl Limit {
+    /// Builds a limit from the common parameters: `limit` requests per `period`, and for the
+    /// bucket algorithms (token bucket, GCRA, leaky queue) a `burst` capacity.
+    /// Window algorithms ignore `burst`.
+    pub fn new(
+        algorithm: Algorithm,
+        limit: u64,
+        period: Nanos,
+        burst: u64,
+    ) -> Result<Self, PolicyError> {
+        Ok(match algorithm {
+            Algorithm::FixedWindow => Limit::FixedWindow(fixed_window::Policy::new(limit, period)?),
+            Algorithm::SlidingLog => Limit::SlidingLog(sliding_log::Policy::new(limit, period)?),
+            Algorithm::SlidingCounter => {
+                Limit::SlidingCounter(sliding_counter::Policy::new(limit, period)?)
+            }
+            Algorithm::TokenBucket => {
+                Limit::TokenBucket(token_bucket::Policy::new(limit, period, burst)?)
+            }
+            Algorithm::Gcra => Limit::Gcra(gcra::Policy::new(limit, period, burst)?),
+            Algorithm::LeakyQueue => {
+                Limit::LeakyQueue(leaky_queue::Policy::new(limit, period, burst)?)
+            }
+        })
+    }
+
+    pub fn algorithm(&self) -> Algorithm {
+        match self {
+            Limit::FixedWindow(_) => Algorithm::FixedWindow,
+            Limit::SlidingLog(_) => Algorithm::SlidingLog,
+            Limit::SlidingCounter(_) => Algorithm::SlidingCounter,
+            Limit::TokenBucket(_) => Algorithm::TokenBucket,
+            Limit::Gcra(_) => Algorithm::Gcra,
+            Limit::LeakyQueue(_) => Algorithm::LeakyQueue,
+        }
+    }
+
+    /// The most one key can be granted at once; larger costs get [`Outcome::Never`].
+    pub fn capacity(&self) -> u64 {
+        match self {
+            Limit::FixedWindow(p) => p.limit(),
+            Limit::SlidingLog(p) => p.limit(),
+            Limit::SlidingCounter(p) => p.limit(),
+            Limit::TokenBucket(p) => p.capacity(),
+            Limit::Gcra(p) => p.burst(),
+            Limit::LeakyQueue(p) => p.capacity(),
+        }
+    }
+
+    /// The "never seen" state for this limit.
+    pub fn new_state(&self) -> KeyState {
+        match self {
+            Limit::FixedWindow(_) => KeyState::FixedWindow(Default::default()),
+            Limit::SlidingLog(_) => KeyState::SlidingLog(Default::default()),
+            Limit::SlidingCounter(_) => KeyState::SlidingCounter(Default::default()),
+            Limit::TokenBucket(_) => KeyState::TokenBucket(Default::default()),
+            Limit::Gcra(_) => KeyState::Gcra(Default::default()),
+            Limit::LeakyQueue(_) => KeyState::LeakyQueue(Default::default()),
+        }
+    }
+
+    /// Decides one request. A state of another algorithm (the policy was changed to a
+    /// different algorithm) is replaced by a fresh one first.
+    #[inline]
+    pub fn decide(&self, state: &mut KeyState, now: Nanos, cost: u64) -> Decision {
+        loop {
+            return match (self, &mut *state) {
+                (Limit::FixedWindow(p), KeyState::FixedWindow(s)) => {
+                    fixed_window::decide(s, p, now, cost)
+                }
+                (Limit::SlidingLog(p), KeyState::SlidingLog(s)) => {
+                    sliding_log::decide(s, p, now, cost)
+                }
+                (Limit::SlidingCounter(p), KeyState::SlidingCounter(s)) => {
+                    sliding_counter::decide(s, p, now, cost)
+                }
+                (Limit::TokenBucket(p), KeyState::TokenBucket(s)) => {
+                    token_bucket::decide(s, p, now, cost)
+                }
+                (Limit::Gcra(p), KeyState::Gcra(s)) => gcra::decide(s, p, now, cost),
+                (Limit::LeakyQueue(p), KeyState::LeakyQueue(s)) => {
+                    leaky_queue::decide(s, p, now, cost)
+                }
+                _ => {
+                    *state = self.new_state();
+                    continue;
+                }
+            };
+        }
+    }
+
+    /// True when `state` at `now` answers every future request exactly as a never-seen key
+    /// would, so it may be dropped without granting anyone a fresh allowance.
+    pub fn is_fresh(&self, state: &KeyState, now: Nanos) -> bool {
+        match (self, state) {
+            (Limit::FixedWindow(p), KeyState::FixedWindow(s)) => fixed_window::is_fresh(s, p, now),
+            (Limit::SlidingLog(p), KeyState::SlidingLog(s)) => sliding_log::is_fresh(s, p, now),
+            (Limit::SlidingCounter(p), KeyState::SlidingCounter(s)) => {
+                sliding_counter::is_fresh(s, p, now)
+            }
+            (Limit::TokenBucket(p), KeyState::TokenBucket(s)) => token_bucket::is_fresh(s, p, now),
+            (Limit::Gcra(p), KeyState::Gcra(s)) => gcra::is_fresh(s, p, now),
+            (Limit::LeakyQueue(p), KeyState::LeakyQueue(s)) => leaky_queue::is_fresh(s, p, now),
+            // A state of another algorithm is replaced on the next decision anyway.
+            _ => true,
+        }
+    }
+}

@@ -1,0 +1,136 @@
+//! Sliding window counter: two aligned counters and a weighted estimate of the rolling count,
+//! `estimate = previous x (period - elapsed) / period + current` (Cloudflare's rule). A request
+//! of cost `c` is admitted while `estimate + c - 1 < limit`; only admitted requests count.
+//! O(1) state; approximate, because it assumes the previous window's requests were spread
+//! evenly. All arithmetic is exact integers: the comparison is done multiplied by `period`.
+//!
+//! With `w = previous x (period - elapsed)`, the rule is equivalent to
+//! `c <= limit - current - floor(w / period)`, which gives `remaining` directly.
+
+use super::{check_period, Decision, Divisor, Nanos, Outcome, PolicyError};
+use serde::{Deserialize, Serialize};
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Policy {
+    limit: u64,
+    period: Divisor,
+}
+
+impl Policy {
+    /// About `limit` units per rolling `period` (estimated from two aligned windows).
+    ///
+    /// ```
+    /// use quorate::limiter::sliding_counter::{decide, Policy, State};
+    /// let p = Policy::new(10, 1_000).unwrap();
+    /// let mut s = State::default();
+    /// assert!(decide(&mut s, &p, 0, 10).allowed());
+    /// // Half-way into the next window, half of the previous window still counts.
+    /// assert_eq!(decide(&mut s, &p, 1_500, 0).remaining, 5);
+    /// ```
+    pub fn new(limit: u64, period: Nanos) -> Result<Self, PolicyError> {
+        if limit == 0 {
+            return Err(PolicyError::ZeroLimit);
+        }
+        check_period(period)?;
+        Ok(Policy {
+            limit,
+            period: period.into(),
+        })
+    }
+    pub fn limit(&self) -> u64 {
+        self.limit
+    }
+    pub fn period(&self) -> Nanos {
+        self.period.get()
+    }
+
+    fn window_of(&self, now: Nanos) -> u64 {
+        self.period.div_rem(now as u128).0 as u64
+    }
+}
+
+/// The current window's index and the units admitted in it and in the window before.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct State {
+    window: u64,
+    prev: u64,
+    curr: u64,
+}
+
+/// The smallest elapsed time `e` in `[0, period)` at which `floor(count x (period - e) /
+/// period) <= k`, or `None` if that only happens in a later window.
+fn first_fit(count: u64, k: u64, period: u128) -> Option<u128> {
+    if count <= k {
+        return Some(0);
+    }
+    // count x (period - e) < (k + 1) x period  <=>  period - e <= ((k+1) period - 1) / count
+    let m = ((k as u128 + 1) * period - 1) / count as u128;
+    let e = period - m;
+    (e < period).then_some(e)
+}
+
+#[inline]
+pub fn decide(s: &mut State, p: &Policy, now: Nanos, cost: u64) -> Decision {
+    let period = p.period() as u128;
+    let idx = p.window_of(now);
+    if idx > s.window {
+        s.prev = if idx - s.window == 1 { s.curr } else { 0 };
+        s.curr = 0;
+        s.window = idx;
+    }
+    let start = s.window as u128 * period;
+    let now_w = now as u128;
+    let elapsed = now_w.saturating_sub(start); // 0 if `now` went backwards
+    let weighted = p.period.div_rem(s.prev as u128 * (period - elapsed)).0;
+    let used = s.curr as u128 + weighted;
+    let left = (p.limit as u128).saturating_sub(used) as u64;
+    let mut d = Decision {
+        outcome: Outcome::Allowed,
+        limit: p.limit,
+        remaining: left,
+        reset_after: 0,
+        retry_after: 0,
+        delay: 0,
+    };
+    if cost > p.limit {
+        d.outcome = Outcome::Never;
+    } else if cost > left {
+        d.outcome = Outcome::Denied;
+        // In this window the previous count's weight decays; if the current count alone
+        // leaves no room, wait for the next window (where `curr` becomes the decaying part),
+        // or the one after (where nothing is left).
+        let in_this = (cost <= p.limit - s.curr)
+            .then(|| first_fit(s.prev, p.limit - s.curr - cost, period))
+            .flatten()
+            .map(|e| start + e);
+        let next = start + period;
+        let target = in_this.unwrap_or_else(|| match first_fit(s.curr, p.limit - cost, period) {
+            Some(e) => next + e,
+            None => next + period,
+        });
+        d.retry_after = u64::try_from(target - now_w).unwrap_or(u64::MAX);
+    } else if cost > 0 {
+        s.curr += cost;
+        d.remaining = left - cost;
+    }
+    let until = |windows: u128| u64::try_from(start + windows * period - now_w).unwrap_or(u64::MAX);
+    d.reset_after = if s.curr > 0 {
+        until(2)
+    } else if s.prev > 0 {
+        until(1)
+    } else {
+        0
+    };
+    d
+}
+
+pub fn is_fresh(s: &State, p: &Policy, now: Nanos) -> bool {
+    let idx = p.window_of(now);
+    if idx >= s.window.saturating_add(2) {
+        true
+    } else if idx > s.window {
+        s.curr == 0
+    } else {
+        s.prev == 0 && s.curr == 0
+    }
+}

@@ -1,0 +1,208 @@
+//! The `quorate` command line. Thin on purpose: it parses arguments (every flag also reads an
+//! environment variable) and calls into the library; errors print as `error: ...` on stderr
+//! with exit code 2 for bad input and 1 for failures to write output.
+
+use clap::{Args, Parser, Subcommand};
+use quorate::sim::{self, Report, SimError};
+use std::io::Write;
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+#[derive(Debug, Parser)]
+#[command(
+    name = "quorate",
+    version,
+    about = "A distributed, exact, durable rate limiter",
+    long_about = "A distributed, exact, durable rate limiter.\n\n\
+        Every flag can also be set with the environment variable shown in its help."
+)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+enum Command {
+    /// Simulate workloads against the rate-limiting algorithms and compare what they admit.
+    #[command(
+        long_about = "Simulate workloads against the rate-limiting algorithms.\n\n\
+            Every policy of a policy set sees the same arrivals, each key with its own state per \
+            policy, cost 1 per request. The report gives, per policy, the requests allowed and \
+            rejected, the allow rate, and max/window: the most requests admitted for one key in \
+            any span as long as the policy's period.\n\n\
+            Without --policies the comparison set is used: 10 per 1 s for fixed_window, \
+            sliding_log and sliding_counter; token_bucket and gcra at 10/s with capacity 20."
+    )]
+    Sim(SimArgs),
+}
+
+#[derive(Debug, Args)]
+struct SimArgs {
+    #[command(subcommand)]
+    scenario: Scenario,
+}
+
+#[derive(Debug, Subcommand)]
+enum Scenario {
+    /// Replay arrival times from a trace file.
+    #[command(long_about = "Replay arrival times from a trace file.\n\n\
+        One arrival per line: SECONDS [KEY]. SECONDS is a non-negative decimal number of \
+        seconds since the start of the trace (e.g. 0, 1.5, 0.000000001; at most 9 fractional \
+        digits, read exactly), KEY an optional key (default \"-\"). Blank lines and lines \
+        starting with # are skipped. Times must not decrease.")]
+    Replay(ReplayArgs),
+    /// Generate seeded Poisson arrivals and compare the algorithms on them.
+    #[command(
+        long_about = "Generate seeded Poisson arrivals and compare the algorithms on them.\n\n\
+        Gaps are exponential with mean 1/RATE, drawn from a ChaCha8 generator seeded with \
+        --seed, so the same arguments always give the same output. With the default \
+        comparison set, --rate 6 (60% of the limit) shows window limiters rejecting Poisson \
+        clumps that the bucket algorithms absorb."
+    )]
+    Poisson(PoissonArgs),
+    /// The burst at the boundary: 20 requests within 2 ms around a 1 s window boundary.
+    #[command(long_about = "The burst at the boundary.\n\n\
+        One key sends 10 requests at 0.9990 .. 0.9999 s and 10 at 1.0000 .. 1.0009 s. Every \
+        policy is 10 per 1 s; token_bucket and gcra use capacity 10 here (not 20) so all \
+        algorithms can admit at most 10 at once. fixed_window admits all 20; sliding_log and \
+        the buckets at most 10; sliding_counter, whose estimate is approximate, one more.")]
+    Boundary(BoundaryArgs),
+}
+
+#[derive(Debug, Args)]
+struct OutputArgs {
+    /// Print {"results":[{"policy","algorithm","allowed","rejected",...}]} instead of a table.
+    #[arg(long, env = "QUORATE_JSON")]
+    json: bool,
+    /// Also draw admitted and rejected requests over time, one panel per policy, to this SVG
+    /// file.
+    #[arg(long, env = "QUORATE_PLOT", value_name = "FILE.svg")]
+    plot: Option<PathBuf>,
+}
+
+#[derive(Debug, Args)]
+struct PolicyArgs {
+    /// A TOML policy file ([limits.NAME] tables); default: the comparison set.
+    #[arg(long, env = "QUORATE_POLICIES", value_name = "FILE")]
+    policies: Option<PathBuf>,
+}
+
+#[derive(Debug, Args)]
+struct ReplayArgs {
+    /// The trace: one `SECONDS [KEY]` per line.
+    #[arg(long, env = "QUORATE_TRACE", value_name = "FILE")]
+    trace: PathBuf,
+    #[command(flatten)]
+    policies: PolicyArgs,
+    #[command(flatten)]
+    output: OutputArgs,
+}
+
+#[derive(Debug, Args)]
+struct PoissonArgs {
+    /// Arrivals per second, in total across all keys (each key sees RATE/KEYS).
+    #[arg(long, env = "QUORATE_RATE", default_value_t = 6.0)]
+    rate: f64,
+    /// How long to generate arrivals for: seconds (60, 1.5) or a duration (10m, 1h).
+    #[arg(long, env = "QUORATE_DURATION", default_value = "60", value_name = "SECONDS", value_parser = parse_duration)]
+    duration: u64,
+    /// Seed of the random generator; the same seed gives the same arrivals.
+    #[arg(long, env = "QUORATE_SEED", default_value_t = 1)]
+    seed: u64,
+    /// Number of keys the arrivals are spread over, uniformly at random.
+    #[arg(long, env = "QUORATE_KEYS", default_value_t = 1)]
+    keys: u64,
+    #[command(flatten)]
+    policies: PolicyArgs,
+    #[command(flatten)]
+    output: OutputArgs,
+}
+
+#[derive(Debug, Args)]
+struct BoundaryArgs {
+    #[command(flatten)]
+    output: OutputArgs,
+}
+
+/// `60`, `1.5` (seconds, exact) or a humantime duration such as `10m`, to nanoseconds.
+fn parse_duration(text: &str) -> Result<u64, String> {
+    match sim::trace::parse_seconds(text.trim()) {
+        Ok(ns) => Ok(ns),
+        Err(seconds_error) => humantime::parse_duration(text.trim())
+            .map_err(|_| format!("\"{text}\" {seconds_error}; or write a duration such as 10m"))
+            .and_then(|d| {
+                u64::try_from(d.as_nanos()).map_err(|_| format!("\"{text}\" is too large"))
+            }),
+    }
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    match run(cli) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("error: {e}");
+            ExitCode::from(if e.is_bad_input() { 2 } else { 1 })
+        }
+    }
+}
+
+/// Why the command failed: a simulation error or a failure to write to stdout.
+#[derive(Debug, thiserror::Error)]
+enum CliError {
+    #[error(transparent)]
+    Sim(#[from] SimError),
+    #[error("cannot write output: {0}")]
+    Output(#[from] std::io::Error),
+}
+
+impl CliError {
+    fn is_bad_input(&self) -> bool {
+        matches!(self, CliError::Sim(e) if e.is_bad_input())
+    }
+}
+
+fn run(cli: Cli) -> Result<(), CliError> {
+    match cli.command {
+        Command::Sim(args) => {
+            let (report, output) = match args.scenario {
+                Scenario::Replay(a) => (
+                    sim::replay(&a.trace, a.policies.policies.as_deref())?,
+                    a.output,
+                ),
+                Scenario::Poisson(a) => (
+                    sim::poisson(&sim::PoissonOptions {
+                        rate: a.rate,
+                        duration: a.duration,
+                        seed: a.seed,
+                        keys: a.keys,
+                        policies: a.policies.policies,
+                    })?,
+                    a.output,
+                ),
+                Scenario::Boundary(a) => (sim::boundary(), a.output),
+            };
+            emit(&report, &output)
+        }
+    }
+}
+
+fn emit(report: &Report, output: &OutputArgs) -> Result<(), CliError> {
+    if let Some(path) = &output.plot {
+        sim::plot::write_svg(report, path)?;
+    }
+    let text = if output.json {
+        report.to_json() + "\n"
+    } else {
+        report.to_table()
+    };
+    let mut stdout = std::io::stdout().lock();
+    match stdout
+        .write_all(text.as_bytes())
+        .and_then(|()| stdout.flush())
+    {
+        // A closed pipe (`| head`) is the reader's choice, not an error.
+        Err(e) if e.kind() == std::io::ErrorKind::BrokenPipe => Ok(()),
+        other => Ok(other?),
+    }
+}

@@ -1,0 +1,339 @@
+//! Edge cases of the algorithm core, one behaviour per test: boundary instants, cost 0,
+//! cost above capacity, time standing still, long idle gaps and the u64 extremes.
+
+use quorate::limiter::{
+    gcra, leaky_queue, Algorithm, Decision, KeyState, Limit, Outcome, MAX_LOG_LIMIT, MAX_PERIOD,
+    SECOND,
+};
+
+const MS: u64 = 1_000_000;
+
+fn limit(alg: Algorithm, limit: u64, period: u64, burst: u64) -> Limit {
+    Limit::new(alg, limit, period, burst).unwrap()
+}
+
+/// Each algorithm at 10 per second, capacity 10.
+fn all_ten_per_second() -> Vec<Limit> {
+    Algorithm::ALL
+        .iter()
+        .map(|&a| limit(a, 10, SECOND, 10))
+        .collect()
+}
+
+fn admitted(l: &Limit, s: &mut KeyState, times: impl IntoIterator<Item = u64>) -> usize {
+    times
+        .into_iter()
+        .filter(|&t| l.decide(s, t, 1).allowed())
+        .count()
+}
+
+#[test]
+fn fixed_window_resets_exactly_at_the_boundary_instant() {
+    let l = limit(Algorithm::FixedWindow, 3, SECOND, 0);
+    let mut s = l.new_state();
+    assert_eq!(admitted(&l, &mut s, [0, 0, 0]), 3);
+    let d = l.decide(&mut s, SECOND - 1, 1);
+    assert_eq!((d.outcome, d.retry_after), (Outcome::Denied, 1));
+    assert!(l.decide(&mut s, SECOND, 1).allowed());
+}
+
+#[test]
+fn fixed_window_admits_twice_the_limit_across_a_boundary() {
+    let l = limit(Algorithm::FixedWindow, 10, SECOND, 0);
+    let mut s = l.new_state();
+    let times = (0..10)
+        .map(|i| SECOND - 10 + i)
+        .chain((0..10).map(|i| SECOND + i));
+    assert_eq!(admitted(&l, &mut s, times), 20);
+}
+
+#[test]
+fn windows_are_aligned_to_multiples_of_the_period_since_time_zero() {
+    let l = limit(Algorithm::FixedWindow, 1, 100, 0);
+    let mut s = l.new_state();
+    assert!(l.decide(&mut s, 250, 1).allowed());
+    // The window is [200, 300), not [250, 350).
+    assert_eq!(l.decide(&mut s, 251, 1).retry_after, 49);
+    assert!(l.decide(&mut s, 300, 1).allowed());
+}
+
+#[test]
+fn sliding_log_admits_again_exactly_one_period_after_the_oldest_admission() {
+    let l = limit(Algorithm::SlidingLog, 2, SECOND, 0);
+    let mut s = l.new_state();
+    assert_eq!(admitted(&l, &mut s, [100, 200]), 2);
+    assert_eq!(l.decide(&mut s, 500, 1).retry_after, SECOND + 100 - 500);
+    assert!(!l.decide(&mut s, SECOND + 99, 1).allowed());
+    assert!(l.decide(&mut s, SECOND + 100, 1).allowed());
+}
+
+#[test]
+fn sliding_log_state_is_bounded_by_the_limit_not_by_traffic() {
+    let l = limit(Algorithm::SlidingLog, 50, SECOND, 0);
+    let mut s = l.new_state();
+    for t in 0..100_000u64 {
+        l.decide(&mut s, t * 1_000, 1);
+    }
+    let KeyState::SlidingLog(log) = &s else {
+        unreachable!()
+    };
+    assert!(log.len() <= 50, "{} entries", log.len());
+}
+
+#[test]
+fn sliding_log_refuses_a_limit_above_its_memory_bound() {
+    let err = Limit::new(Algorithm::SlidingLog, MAX_LOG_LIMIT + 1, SECOND, 0).unwrap_err();
+    assert!(err.to_string().contains("sliding_counter"), "{err}");
+}
+
+#[test]
+fn sliding_counter_weights_the_previous_window_by_the_part_still_covered() {
+    let l = limit(Algorithm::SlidingCounter, 10, SECOND, 0);
+    let mut s = l.new_state();
+    assert!(l.decide(&mut s, 0, 10).allowed());
+    // 30% into the next window, 70% of the previous 10 still count: 7, so 3 remain.
+    assert_eq!(l.decide(&mut s, SECOND + 300 * MS, 0).remaining, 3);
+    assert!(l.decide(&mut s, SECOND + 300 * MS, 3).allowed());
+    assert!(!l.decide(&mut s, SECOND + 300 * MS, 1).allowed());
+}
+
+#[test]
+fn sliding_counter_admits_while_estimate_plus_cost_minus_one_is_below_the_limit() {
+    // prev = 5 at 50% -> estimate 2.5 + curr 0. Cost 8: 2.5 + 8 - 1 = 9.5 < 10: admitted.
+    let l = limit(Algorithm::SlidingCounter, 10, SECOND, 0);
+    let mut s = l.new_state();
+    assert!(l.decide(&mut s, 0, 5).allowed());
+    assert!(l.decide(&mut s.clone(), SECOND + 500 * MS, 8).allowed());
+    // Cost 9: 2.5 + 9 - 1 = 10.5, not below 10.
+    assert!(!l.decide(&mut s, SECOND + 500 * MS, 9).allowed());
+}
+
+#[test]
+fn token_bucket_starts_full_and_refills_continuously() {
+    let l = limit(Algorithm::TokenBucket, 10, SECOND, 20);
+    let mut s = l.new_state();
+    assert!(l.decide(&mut s, 0, 20).allowed());
+    let d = l.decide(&mut s, 0, 1);
+    assert_eq!((d.outcome, d.retry_after), (Outcome::Denied, 100 * MS));
+    assert_eq!(l.decide(&mut s, 250 * MS, 0).remaining, 2);
+    assert_eq!(l.decide(&mut s, 250 * MS, 0).reset_after, 1_750 * MS);
+}
+
+#[test]
+fn token_bucket_refills_a_rate_that_does_not_divide_the_period_exactly() {
+    // 3 per second: one token every 333_333_333.3 ns. Empty the bucket, then each token
+    // arrives at ceil(k x 10^9 / 3) exactly: no drift from rounding, three in one second.
+    let l = limit(Algorithm::TokenBucket, 3, SECOND, 3);
+    let mut s = l.new_state();
+    assert!(l.decide(&mut s, 0, 3).allowed());
+    assert_eq!(l.decide(&mut s, 0, 1).retry_after, 333_333_334);
+    for at in [333_333_334, 666_666_667, SECOND] {
+        assert!(!l.decide(&mut s, at - 1, 1).allowed(), "{at}");
+        assert!(l.decide(&mut s, at, 1).allowed(), "{at}");
+    }
+}
+
+/// redis-cell's own test table (its `it_rate_limits`), 5 per second with max_burst 4:
+/// (ms since start, quantity, remaining, reset_after ms, retry_after ms or -1, limited).
+#[test]
+fn gcra_gives_the_answers_of_redis_cells_own_test_table() {
+    let cases: [(u64, u64, u64, u64, i64, bool); 15] = [
+        (0, 6, 5, 0, -1, true),
+        (0, 1, 4, 1000, -1, false),
+        (0, 1, 3, 2000, -1, false),
+        (0, 1, 2, 3000, -1, false),
+        (0, 1, 1, 4000, -1, false),
+        (0, 1, 0, 5000, -1, false),
+        (0, 1, 0, 5000, 1000, true),
+        (3000, 1, 2, 3000, -1, false),
+        (3100, 1, 1, 3900, -1, false),
+        (4000, 1, 1, 4000, -1, false),
+        (8000, 1, 4, 1000, -1, false),
+        (9500, 1, 4, 1000, -1, false),
+        (9500, 0, 4, 1000, -1, false),
+        (9500, 2, 2, 3000, -1, false),
+        (9500, 5, 2, 3000, 3000, true),
+    ];
+    let p = gcra::Policy::new(1, SECOND, 5).unwrap();
+    let mut s = gcra::State::default();
+    let start = 1_700_000_000 * SECOND;
+    for (i, (at, qty, remaining, reset, retry, limited)) in cases.into_iter().enumerate() {
+        let d = gcra::decide(&mut s, &p, start + at * MS, qty);
+        assert_eq!(d.limit, 5, "case {i}");
+        assert_eq!(!d.allowed(), limited, "case {i}: {d:?}");
+        assert_eq!(d.remaining, remaining, "case {i}: {d:?}");
+        assert_eq!(d.reset_after, reset * MS, "case {i}: {d:?}");
+        let retry_ns = if retry < 0 { 0 } else { retry as u64 * MS };
+        assert_eq!(d.retry_after, retry_ns, "case {i}: {d:?}");
+    }
+}
+
+#[test]
+fn leaky_queue_delays_instead_of_rejecting_until_the_queue_is_full() {
+    let p = leaky_queue::Policy::new(10, SECOND, 3).unwrap();
+    let mut s = leaky_queue::State::default();
+    let delays: Vec<_> = (0..3)
+        .map(|_| leaky_queue::decide(&mut s, &p, 0, 1).delay)
+        .collect();
+    assert_eq!(delays, [0, 100 * MS, 200 * MS]);
+    let d = leaky_queue::decide(&mut s, &p, 0, 1);
+    assert_eq!((d.outcome, d.retry_after), (Outcome::Denied, 100 * MS));
+    // As the queue drains, a new request waits only for what is still ahead of it.
+    assert_eq!(leaky_queue::decide(&mut s, &p, 150 * MS, 1).delay, 150 * MS);
+}
+
+#[test]
+fn cost_zero_peeks_without_consuming() {
+    for l in all_ten_per_second() {
+        let mut s = l.new_state();
+        assert!(l.decide(&mut s, 0, 4).allowed());
+        let before = s.clone();
+        let peek = l.decide(&mut s, 0, 0);
+        assert!(peek.allowed(), "{:?}", l.algorithm());
+        assert_eq!(peek.remaining, 6, "{:?}", l.algorithm());
+        assert_eq!(s, before, "{:?}: a peek changed the state", l.algorithm());
+    }
+}
+
+#[test]
+fn cost_above_capacity_is_never_not_retry_later() {
+    for l in all_ten_per_second() {
+        let mut s = l.new_state();
+        let before = s.clone();
+        let d = l.decide(&mut s, 5, 11);
+        assert_eq!(d.outcome, Outcome::Never, "{:?}", l.algorithm());
+        assert_eq!((d.retry_after, d.remaining), (0, 10), "{:?}", l.algorithm());
+        let full = l.decide(&mut s, 5, 10);
+        assert_eq!(
+            full,
+            l.decide(&mut before.clone(), 5, 10),
+            "{:?}",
+            l.algorithm()
+        );
+        assert!(full.allowed(), "{:?}: capacity itself fits", l.algorithm());
+    }
+}
+
+#[test]
+fn time_standing_still_grants_the_capacity_once() {
+    for l in all_ten_per_second() {
+        let mut s = l.new_state();
+        let t = 7 * SECOND + 3;
+        assert_eq!(
+            admitted(&l, &mut s, std::iter::repeat_n(t, 1_000)),
+            10,
+            "{:?}",
+            l.algorithm()
+        );
+    }
+}
+
+#[test]
+fn a_very_long_idle_gap_leaves_the_key_as_if_never_seen() {
+    for l in all_ten_per_second() {
+        let mut s = l.new_state();
+        assert_eq!(admitted(&l, &mut s, [0; 10]), 10);
+        let later = u64::MAX / 2;
+        assert!(l.is_fresh(&s, later), "{:?}", l.algorithm());
+        assert_eq!(
+            l.decide(&mut s, later, 3),
+            l.decide(&mut l.new_state(), later, 3)
+        );
+    }
+}
+
+#[test]
+fn an_exhausted_key_is_not_fresh_so_eviction_cannot_reset_it() {
+    for l in all_ten_per_second() {
+        let mut s = l.new_state();
+        assert_eq!(admitted(&l, &mut s, [SECOND / 2; 10]), 10);
+        assert!(!l.is_fresh(&s, SECOND / 2 + 1), "{:?}", l.algorithm());
+    }
+}
+
+#[test]
+fn a_state_of_another_algorithm_is_replaced_by_a_fresh_one() {
+    let tb = limit(Algorithm::TokenBucket, 1, SECOND, 1);
+    let fw = limit(Algorithm::FixedWindow, 5, SECOND, 0);
+    let mut s = tb.new_state();
+    assert!(tb.decide(&mut s, 0, 1).allowed());
+    assert_eq!(fw.decide(&mut s, 0, 1).remaining, 4);
+    assert!(matches!(s, KeyState::FixedWindow(_)));
+}
+
+#[test]
+fn extremes_of_rate_period_cost_and_time_never_panic_or_over_admit() {
+    let log_max = MAX_LOG_LIMIT;
+    let costs = [0, 1, 2, u64::MAX / 2, u64::MAX - 1, u64::MAX];
+    let times = [0, 1, MAX_PERIOD, u64::MAX / 2, u64::MAX - 1, u64::MAX];
+    for alg in Algorithm::ALL {
+        let top = if alg == Algorithm::SlidingLog {
+            log_max
+        } else {
+            u64::MAX
+        };
+        for n in [1, 2, top - 1, top] {
+            for period in [1, 2, SECOND, MAX_PERIOD - 1, MAX_PERIOD] {
+                let l = limit(alg, n, period, n);
+                let mut s = l.new_state();
+                for &t in &times {
+                    for &c in &costs {
+                        let d: Decision = l.decide(&mut s, t, c);
+                        assert_eq!(
+                            d.outcome == Outcome::Never,
+                            c > n,
+                            "{alg:?} {n} {period} {t} {c}"
+                        );
+                        assert!(d.remaining <= n);
+                        let _ = (
+                            d.retry_after_secs(),
+                            d.reset_after_secs(),
+                            l.is_fresh(&s, t),
+                        );
+                    }
+                }
+                // A fresh key at the end of time grants its capacity once, not twice.
+                let mut s = l.new_state();
+                let first = l.decide(&mut s, u64::MAX, n);
+                let second = l.decide(&mut s, u64::MAX, n);
+                assert!(
+                    !(first.allowed() && second.allowed()),
+                    "{alg:?} {n} {period}"
+                );
+            }
+        }
+    }
+}
+
+#[test]
+fn the_largest_period_and_the_zero_values_are_validated() {
+    for alg in Algorithm::ALL {
+        assert!(Limit::new(alg, 1, MAX_PERIOD + 1, 1).is_err());
+        assert!(Limit::new(alg, 1, 0, 1).is_err());
+        assert!(Limit::new(alg, 0, SECOND, 1).is_err());
+    }
+    for alg in [
+        Algorithm::TokenBucket,
+        Algorithm::Gcra,
+        Algorithm::LeakyQueue,
+    ] {
+        assert!(Limit::new(alg, 1, SECOND, 0).is_err());
+    }
+}
+
+#[test]
+fn retry_after_in_seconds_rounds_up_never_down() {
+    let d = |ns| Decision {
+        outcome: Outcome::Denied,
+        limit: 1,
+        remaining: 0,
+        reset_after: ns,
+        retry_after: ns,
+        delay: 0,
+    };
+    assert_eq!(d(1).retry_after_secs(), 1);
+    assert_eq!(d(SECOND).retry_after_secs(), 1);
+    assert_eq!(d(SECOND + 1).retry_after_secs(), 2);
+    assert_eq!(d(0).retry_after_secs(), 0);
+    assert_eq!(d(u64::MAX).reset_after_secs(), u64::MAX.div_ceil(SECOND));
+}

@@ -1,0 +1,307 @@
+//! Property tests: every algorithm against a naive reference model on random traces, plus the
+//! contract every decision must keep (exact remaining / retry_after / reset_after, eviction
+//! soundness, denials and peeks change nothing) and each algorithm's burst bound.
+
+use proptest::prelude::*;
+use quorate::limiter::{Algorithm, Decision, KeyState, Limit, Nanos, Outcome};
+
+/// One request of a trace: the gap since the previous one and its cost.
+#[derive(Debug, Clone)]
+struct Step {
+    gap: Nanos,
+    cost: u64,
+}
+
+fn steps() -> impl Strategy<Value = Vec<Step>> {
+    prop::collection::vec(
+        (
+            prop_oneof![3 => 0..40u64, 2 => 0..400u64, 1 => 0..5_000u64],
+            prop_oneof![4 => 1..3u64, 1 => 0..8u64],
+        )
+            .prop_map(|(gap, cost)| Step { gap, cost }),
+        1..160,
+    )
+}
+
+fn params() -> impl Strategy<Value = (u64, Nanos, u64)> {
+    (1..12u64, prop_oneof![1..8u64, 8..1_000u64], 1..12u64)
+}
+
+/// The admitted history a reference model decides from: (time, cost).
+type History = Vec<(Nanos, u64)>;
+
+fn units(h: &History, keep: impl Fn(Nanos) -> bool) -> u128 {
+    h.iter()
+        .filter(|&&(t, _)| keep(t))
+        .map(|&(_, c)| c as u128)
+        .sum()
+}
+
+/// Would the reference admit `cost` at `now` given the admitted history?
+fn reference_admits(limit: &Limit, h: &History, now: Nanos, cost: u64) -> bool {
+    if cost == 0 {
+        return true;
+    }
+    if cost > limit.capacity() {
+        return false;
+    }
+    let c = cost as u128;
+    match limit {
+        Limit::FixedWindow(p) => {
+            let w = now / p.period();
+            units(h, |t| t / p.period() == w) + c <= p.limit() as u128
+        }
+        Limit::SlidingLog(p) => {
+            units(h, |t| t as u128 + p.period() as u128 > now as u128) + c <= p.limit() as u128
+        }
+        Limit::SlidingCounter(p) => {
+            // Cloudflare's rule, stated directly: prev x (P - e) / P + curr + c - 1 < limit.
+            let (per, w) = (p.period() as u128, now / p.period());
+            let curr = units(h, |t| t / p.period() == w);
+            let prev = units(h, |t| w > 0 && t / p.period() == w - 1);
+            let e = now as u128 - w as u128 * per;
+            prev * (per - e) + (curr + c - 1) * per < p.limit() as u128 * per
+        }
+        Limit::TokenBucket(_) | Limit::Gcra(_) | Limit::LeakyQueue(_) => {
+            // A bucket of rate r per P and capacity b, starting full, admits a request iff for
+            // every earlier admission time s the units admitted in [s, now] plus this one stay
+            // within b + r (now - s) / P (its arrival curve; s = now covers "cost <= b").
+            let (r, per, b) = bucket(limit);
+            h.iter()
+                .map(|&(s, _)| s)
+                .chain([now])
+                .all(|s| (units(h, |t| t >= s) + c) * per <= b * per + r * (now - s) as u128)
+        }
+    }
+}
+
+fn bucket(limit: &Limit) -> (u128, u128, u128) {
+    match limit {
+        Limit::TokenBucket(p) => (p.rate() as u128, p.period() as u128, p.capacity() as u128),
+        Limit::Gcra(p) => (p.rate() as u128, p.period() as u128, p.burst() as u128),
+        Limit::LeakyQueue(p) => (p.rate() as u128, p.period() as u128, p.capacity() as u128),
+        _ => unreachable!(),
+    }
+}
+
+fn probe(limit: &Limit, state: &KeyState, now: Nanos, cost: u64) -> Decision {
+    limit.decide(&mut state.clone(), now, cost)
+}
+
+/// Runs a trace through `limit`, checking each decision against the reference and the
+/// contract. Returns the admitted history.
+fn run_checked(limit: &Limit, steps: &[Step], start: Nanos) -> Result<History, TestCaseError> {
+    let mut state = limit.new_state();
+    let mut history = History::new();
+    let mut now = start;
+    // The state before the last decision that should have changed nothing.
+    let mut unchanged: Option<KeyState> = None;
+    for step in steps {
+        now += step.gap;
+        let before = state.clone();
+        let fresh_before = limit.is_fresh(&state, now);
+        let d = limit.decide(&mut state, now, step.cost);
+        if let Some(ghost) = unchanged.take() {
+            prop_assert_eq!(
+                probe(limit, &ghost, now, step.cost),
+                d,
+                "a denial or peek changed a later decision"
+            );
+        }
+        if fresh_before {
+            prop_assert_eq!(
+                probe(limit, &limit.new_state(), now, step.cost),
+                d,
+                "an evictable state decided differently from a fresh one"
+            );
+        }
+        let expected = reference_admits(limit, &history, now, step.cost);
+        prop_assert_eq!(
+            d.allowed(),
+            expected,
+            "at {} cost {}: {:?}",
+            now,
+            step.cost,
+            d
+        );
+        prop_assert_eq!(d.outcome == Outcome::Never, step.cost > limit.capacity());
+        prop_assert_eq!(d.limit, limit.capacity());
+        if d.allowed() && step.cost > 0 {
+            history.push((now, step.cost));
+        } else {
+            unchanged = Some(before.clone());
+        }
+        // `remaining` is exactly the largest cost admitted now.
+        if d.remaining >= 1 {
+            prop_assert!(
+                probe(limit, &state, now, d.remaining).allowed(),
+                "remaining {} not admitted",
+                d.remaining
+            );
+        }
+        if d.remaining < limit.capacity() {
+            prop_assert!(
+                !probe(limit, &state, now, d.remaining + 1).allowed(),
+                "remaining {} understated",
+                d.remaining
+            );
+        }
+        // `retry_after` is exact: the same request succeeds then, and not a nanosecond sooner.
+        if d.outcome == Outcome::Denied {
+            prop_assert!(d.retry_after >= 1);
+            prop_assert!(
+                probe(limit, &before, now + d.retry_after, step.cost).allowed(),
+                "not admitted after retry_after {}",
+                d.retry_after
+            );
+            prop_assert!(
+                !probe(limit, &before, now + d.retry_after - 1, step.cost).allowed(),
+                "retry_after {} too long",
+                d.retry_after
+            );
+        } else {
+            prop_assert_eq!(d.retry_after, 0);
+        }
+        // `reset_after` is exact: fresh then, not fresh a nanosecond sooner.
+        prop_assert!(
+            limit.is_fresh(&state, now + d.reset_after),
+            "not fresh after reset_after {}",
+            d.reset_after
+        );
+        if d.reset_after > 0 {
+            prop_assert!(
+                !limit.is_fresh(&state, now + d.reset_after - 1),
+                "reset_after {} too long",
+                d.reset_after
+            );
+        }
+    }
+    Ok(history)
+}
+
+/// The most units admitted in any half-open window `[t, t + len)` of the history.
+fn max_in_window(h: &History, len: Nanos) -> u128 {
+    h.iter()
+        .map(|&(s, _)| units(h, |t| t >= s && t < s.saturating_add(len)))
+        .max()
+        .unwrap_or(0)
+}
+
+fn check_algorithm(
+    alg: Algorithm,
+    (limit, period, burst): (u64, Nanos, u64),
+    steps: &[Step],
+    start: Nanos,
+) -> Result<(), TestCaseError> {
+    let l = Limit::new(alg, limit, period, burst).unwrap();
+    let h = run_checked(&l, steps, start)?;
+    let cap = l.capacity() as u128;
+    match alg {
+        Algorithm::FixedWindow | Algorithm::SlidingCounter => {
+            prop_assert!(
+                max_in_window(&h, period) <= 2 * cap,
+                "more than 2 x limit in a window"
+            );
+        }
+        Algorithm::SlidingLog => prop_assert!(max_in_window(&h, period) <= cap),
+        _ => {
+            // At most b + r x t / P over any interval of length t (both ends inclusive).
+            let (r, per, b) = bucket(&l);
+            for &(s, _) in &h {
+                for &(e, _) in h.iter().filter(|&&(e, _)| e >= s) {
+                    prop_assert!(
+                        units(&h, |t| t >= s && t <= e) * per <= b * per + r * (e - s) as u128
+                    );
+                }
+            }
+        }
+    }
+    Ok(())
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(256))]
+
+    #[test]
+    fn fixed_window_matches_its_reference(p in params(), s in steps(), start in 0..3_000u64) {
+        check_algorithm(Algorithm::FixedWindow, p, &s, start)?;
+    }
+
+    #[test]
+    fn sliding_log_matches_its_reference(p in params(), s in steps(), start in 0..3_000u64) {
+        check_algorithm(Algorithm::SlidingLog, p, &s, start)?;
+    }
+
+    #[test]
+    fn sliding_counter_matches_its_reference(p in params(), s in steps(), start in 0..3_000u64) {
+        check_algorithm(Algorithm::SlidingCounter, p, &s, start)?;
+    }
+
+    #[test]
+    fn token_bucket_matches_its_reference(p in params(), s in steps(), start in 0..3_000u64) {
+        check_algorithm(Algorithm::TokenBucket, p, &s, start)?;
+    }
+
+    #[test]
+    fn gcra_matches_its_reference(p in params(), s in steps(), start in 0..3_000u64) {
+        check_algorithm(Algorithm::Gcra, p, &s, start)?;
+    }
+
+    #[test]
+    fn leaky_queue_matches_its_reference(p in params(), s in steps(), start in 0..3_000u64) {
+        check_algorithm(Algorithm::LeakyQueue, p, &s, start)?;
+    }
+
+    /// GCRA is the token bucket's virtual-scheduling form: every field of every decision
+    /// agrees; the queue admits the same and its delay is the backlog ahead of it.
+    #[test]
+    fn gcra_token_bucket_and_queue_agree((limit, period, burst) in params(), s in steps()) {
+        let tb = Limit::new(Algorithm::TokenBucket, limit, period, burst).unwrap();
+        let g = Limit::new(Algorithm::Gcra, limit, period, burst).unwrap();
+        let q = Limit::new(Algorithm::LeakyQueue, limit, period, burst).unwrap();
+        let (mut st, mut sg, mut sq) = (tb.new_state(), g.new_state(), q.new_state());
+        let mut now = 0;
+        // Reference finishing time of the queue, in ns x rate.
+        let mut finish: u128 = 0;
+        for step in &s {
+            now += step.gap;
+            let a = tb.decide(&mut st, now, step.cost);
+            let b = g.decide(&mut sg, now, step.cost);
+            let c = q.decide(&mut sq, now, step.cost);
+            prop_assert_eq!(a, b);
+            prop_assert_eq!(Decision { delay: 0, ..c }, b);
+            if c.allowed() {
+                let now_s = now as u128 * limit as u128;
+                let wait = finish.saturating_sub(now_s);
+                prop_assert_eq!(c.delay as u128, wait.div_ceil(limit as u128));
+                finish = finish.max(now_s) + step.cost as u128 * period as u128;
+            }
+        }
+    }
+
+    /// The precomputed-reciprocal division is exact for every dividend and divisor.
+    #[test]
+    fn divisor_division_is_exact(
+        d in prop_oneof![1..4u64, any::<u64>()],
+        x in prop_oneof![0..1_000u128, any::<u64>().prop_map(u128::from), any::<u128>()],
+    ) {
+        let div = quorate::limiter::Divisor::from(d.max(1));
+        let d = d.max(1) as u128;
+        prop_assert_eq!(div.div_rem(x), (x / d, (x % d) as u64));
+        prop_assert_eq!(div.ceil_sat(x) as u128, x.div_ceil(d).min(u64::MAX as u128));
+    }
+
+    /// The algorithms keep working at the far end of shard time and with huge parameters.
+    #[test]
+    fn large_times_and_parameters_keep_the_contract(
+        alg in prop::sample::select(Algorithm::ALL.to_vec()),
+        limit in prop_oneof![1..5u64, 1_000..100_000u64],
+        period in prop_oneof![1..10u64, 1_000_000_000..quorate::limiter::MAX_PERIOD],
+        burst in prop_oneof![1..5u64, 1_000..100_000u64],
+        s in steps(),
+        start in (u64::MAX / 4)..(u64::MAX / 2),
+    ) {
+        let l = Limit::new(alg, limit, period, burst).unwrap();
+        run_checked(&l, &s, start)?;
+    }
+}
