@@ -86,7 +86,12 @@ pub fn load_policies(path: Option<&Path>) -> Result<PolicySet, SimError> {
 }
 
 /// `quorate sim replay`: runs the policy set over the arrivals of a trace file.
-pub fn replay(trace_path: &Path, policies: Option<&Path>) -> Result<Report, SimError> {
+/// `keep_times` is needed only for a plot (see [`run::run`]).
+pub fn replay(
+    trace_path: &Path,
+    policies: Option<&Path>,
+    keep_times: bool,
+) -> Result<Report, SimError> {
     let set = load_policies(policies)?;
     let workload = trace::load(trace_path)?;
     let mut notes = vec![format!(
@@ -104,7 +109,7 @@ pub fn replay(trace_path: &Path, policies: Option<&Path>) -> Result<Report, SimE
     Ok(Report {
         title: format!("quorate sim replay {}", trace_path.display()),
         notes,
-        results: run::run(&set, &workload),
+        results: run::run(&set, &workload, keep_times),
     })
 }
 
@@ -118,6 +123,8 @@ pub struct PoissonOptions {
     pub seed: u64,
     pub keys: u64,
     pub policies: Option<PathBuf>,
+    /// Keep every arrival's time in the results, for a plot (see [`run::run`]).
+    pub keep_times: bool,
 }
 
 /// `quorate sim poisson`: runs the policy set over seeded Poisson arrivals.
@@ -139,7 +146,7 @@ pub fn poisson(opts: &PoissonOptions) -> Result<Report, SimError> {
     Ok(Report {
         title: "quorate sim poisson".to_string(),
         notes,
-        results: run::run(&set, &workload),
+        results: run::run(&set, &workload, opts.keep_times),
     })
 }
 
@@ -150,7 +157,7 @@ pub fn boundary() -> Report {
     Report {
         title: "quorate sim boundary".to_string(),
         notes: boundary::notes(),
-        results: run::run(&set, &workload),
+        results: run::run(&set, &workload, true),
     }
 }
 

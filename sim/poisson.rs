@@ -5,9 +5,10 @@
 //! some of a load that is well within the limit, while a bucket with spare capacity absorbs the
 //! clumps. This module makes that visible, reproducibly: gaps are exponential,
 //! `-ln(1 - U) / rate` with `U` from a ChaCha8 generator seeded by the user, so the same seed
-//! gives the same arrivals on every platform.
+//! gives the same arrivals with the same build (`f64::ln` comes from the platform's maths
+//! library, which may differ by an ulp elsewhere).
 //!
-//! Floats are used only to draw the gaps; each gap is rounded to whole nanoseconds and
+//! Floats are used only to draw the gaps; each gap is rounded to whole picoseconds and
 //! arrival times are summed as integers, so the limiters see plain shard time.
 
 use super::{Arrival, SimError, Workload};
@@ -51,12 +52,16 @@ pub fn arrivals(rate: f64, duration: Nanos, seed: u64, keys: u64) -> Result<Work
     }
     let mut rng = ChaCha8Rng::seed_from_u64(seed);
     let mut arrivals = Vec::with_capacity(expected as usize + 16);
-    let mut now: Nanos = 0;
+    // Time is summed in integer picoseconds so that rounding each gap does not bias short
+    // gaps (at one arrival per ns, per-gap rounding to whole ns ran 4% fast).
+    let mut now_ps: u128 = 0;
+    let mut now: Nanos;
     loop {
         let u: f64 = rng.random();
-        let gap_ns = (-(1.0 - u).ln() / rate * SECOND as f64).round();
+        let gap_ps = (-(1.0 - u).ln() / rate * (SECOND as f64 * 1000.0)).round();
         // `as` saturates: an absurdly long gap simply ends the run.
-        now = now.saturating_add(gap_ns as u64);
+        now_ps = now_ps.saturating_add(gap_ps as u128);
+        now = u64::try_from(now_ps / 1000).unwrap_or(u64::MAX);
         if now >= duration {
             break;
         }

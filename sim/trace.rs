@@ -15,6 +15,7 @@ use super::{Arrival, Workload};
 use crate::limiter::{Nanos, SECOND};
 use std::collections::HashMap;
 use std::fmt;
+use std::io::Read;
 use std::path::Path;
 
 /// The key of arrivals whose line has no key column.
@@ -139,14 +140,29 @@ fn shorten(text: &str) -> String {
     }
 }
 
+/// The largest trace file read (a line is a few bytes, so this is tens of millions of
+/// arrivals; beyond it, split the trace).
+pub const MAX_TRACE_BYTES: u64 = 256 << 20;
+
 /// Reads and parses a trace file.
 pub fn load(path: &Path) -> Result<Workload, TraceError> {
     let label = path.display().to_string();
-    let bytes = std::fs::read(path).map_err(|e| TraceError {
+    let read_error = |e| TraceError {
         path: label.clone(),
         line: None,
         problem: Problem::Read(e),
-    })?;
+    };
+    // Bounded read: `/dev/zero` or an endless pipe must not take all memory.
+    let mut bytes = Vec::new();
+    std::fs::File::open(path)
+        .and_then(|f| f.take(MAX_TRACE_BYTES + 1).read_to_end(&mut bytes))
+        .map_err(read_error)?;
+    if bytes.len() as u64 > MAX_TRACE_BYTES {
+        return Err(read_error(std::io::Error::other(format!(
+            "larger than {} MiB; split the trace",
+            MAX_TRACE_BYTES >> 20
+        ))));
+    }
     parse(&bytes, &label)
 }
 
@@ -163,6 +179,12 @@ pub fn parse(bytes: &[u8], label: &str) -> Result<Workload, TraceError> {
             problem,
         };
         let text = std::str::from_utf8(raw).map_err(|_| err(Problem::NotUtf8))?;
+        // Editors on Windows may start the file with a byte-order mark.
+        let text = if line == 1 {
+            text.trim_start_matches('\u{feff}')
+        } else {
+            text
+        };
         let text = text.trim();
         if text.is_empty() || text.starts_with('#') {
             continue;

@@ -101,10 +101,15 @@ struct ReplayArgs {
 #[derive(Debug, Args)]
 struct PoissonArgs {
     /// Arrivals per second, in total across all keys (each key sees RATE/KEYS).
-    #[arg(long, env = "QUORATE_RATE", default_value_t = 6.0)]
+    #[arg(
+        long,
+        env = "QUORATE_RATE",
+        default_value_t = 6.0,
+        allow_negative_numbers = true
+    )]
     rate: f64,
     /// How long to generate arrivals for: seconds (60, 1.5) or a duration (10m, 1h).
-    #[arg(long, env = "QUORATE_DURATION", default_value = "60", value_name = "SECONDS", value_parser = parse_duration)]
+    #[arg(long, env = "QUORATE_DURATION", default_value = "60", value_name = "SECONDS", value_parser = parse_duration, allow_negative_numbers = true)]
     duration: u64,
     /// Seed of the random generator; the same seed gives the same arrivals.
     #[arg(long, env = "QUORATE_SEED", default_value_t = 1)]
@@ -128,8 +133,10 @@ struct BoundaryArgs {
 fn parse_duration(text: &str) -> Result<u64, String> {
     match sim::trace::parse_seconds(text.trim()) {
         Ok(ns) => Ok(ns),
-        Err(seconds_error) => humantime::parse_duration(text.trim())
-            .map_err(|_| format!("\"{text}\" {seconds_error}; or write a duration such as 10m"))
+        Err(_) => humantime::parse_duration(text.trim())
+            .map_err(|_| {
+                format!("\"{text}\" is not a duration: write a positive number of seconds (60, 1.5) or a duration such as 10m")
+            })
             .and_then(|d| {
                 u64::try_from(d.as_nanos()).map_err(|_| format!("\"{text}\" is too large"))
             }),
@@ -167,7 +174,11 @@ fn run(cli: Cli) -> Result<(), CliError> {
         Command::Sim(args) => {
             let (report, output) = match args.scenario {
                 Scenario::Replay(a) => (
-                    sim::replay(&a.trace, a.policies.policies.as_deref())?,
+                    sim::replay(
+                        &a.trace,
+                        a.policies.policies.as_deref(),
+                        a.output.plot.is_some(),
+                    )?,
                     a.output,
                 ),
                 Scenario::Poisson(a) => (
@@ -177,6 +188,7 @@ fn run(cli: Cli) -> Result<(), CliError> {
                         seed: a.seed,
                         keys: a.keys,
                         policies: a.policies.policies,
+                        keep_times: a.output.plot.is_some(),
                     })?,
                     a.output,
                 ),

@@ -69,7 +69,7 @@ pub struct State {
 
 /// The scheduling core shared with the leaky-bucket queue. Returns the decision and the
 /// backlog (TAT - now, scaled) that was ahead of the request.
-#[inline]
+#[inline(always)]
 pub(crate) fn schedule(s: &mut State, p: &Policy, now: Nanos, cost: u64) -> (Decision, u128) {
     let capacity = p.burst;
     let (rate_w, period_w) = (p.rate() as u128, p.period() as u128);
