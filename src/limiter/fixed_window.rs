@@ -1,48 +1,21 @@
 //! Fixed window: at most `limit` units per window, windows aligned to multiples of `period`
 //! since shard time zero. O(1) state. Only admitted requests count. Across a boundary it can
 //! admit up to `2 x limit` in a span much shorter than `period` — that is its definition.
+//!
+//! ```
+//! use quorate::limiter::fixed_window::{decide, Policy, State};
+//! let p = Policy::new(2, 1_000).unwrap();
+//! let mut s = State::default();
+//! assert!(decide(&mut s, &p, 10, 1).allowed());
+//! assert!(decide(&mut s, &p, 20, 1).allowed());
+//! assert_eq!(decide(&mut s, &p, 30, 1).retry_after, 970);
+//! ```
 
-use super::{check_period, Decision, Divisor, Nanos, Outcome, PolicyError};
+use super::{Decision, Nanos, Outcome};
 use serde::{Deserialize, Serialize};
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-pub struct Policy {
-    limit: u64,
-    period: Divisor,
-}
-
-impl Policy {
-    /// `limit` units per aligned window of `period` nanoseconds.
-    ///
-    /// ```
-    /// use quorate::limiter::fixed_window::{decide, Policy, State};
-    /// let p = Policy::new(2, 1_000).unwrap();
-    /// let mut s = State::default();
-    /// assert!(decide(&mut s, &p, 10, 1).allowed());
-    /// assert!(decide(&mut s, &p, 20, 1).allowed());
-    /// assert_eq!(decide(&mut s, &p, 30, 1).retry_after, 970);
-    /// ```
-    pub fn new(limit: u64, period: Nanos) -> Result<Self, PolicyError> {
-        if limit == 0 {
-            return Err(PolicyError::ZeroLimit);
-        }
-        check_period(period)?;
-        Ok(Policy {
-            limit,
-            period: period.into(),
-        })
-    }
-    pub fn limit(&self) -> u64 {
-        self.limit
-    }
-    pub fn period(&self) -> Nanos {
-        self.period.get()
-    }
-
-    fn window_of(&self, now: Nanos) -> u64 {
-        self.period.div_rem(now as u128).0 as u64
-    }
-}
+/// `limit` units per window of `period`; shared with the other window algorithm.
+pub use super::WindowPolicy as Policy;
 
 /// The current window's index (`start / period`) and the units admitted in it.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
@@ -65,16 +38,16 @@ fn roll(s: &mut State, p: &Policy, now: Nanos) -> u128 {
 pub fn decide(s: &mut State, p: &Policy, now: Nanos, cost: u64) -> Decision {
     let end = roll(s, p, now);
     let until_end = u64::try_from(end - now as u128).unwrap_or(u64::MAX);
-    let left = p.limit - s.count; // count <= limit always
+    let left = p.limit() - s.count; // count <= limit always
     let mut d = Decision {
         outcome: Outcome::Allowed,
-        limit: p.limit,
+        limit: p.limit(),
         remaining: left,
         reset_after: if s.count == 0 { 0 } else { until_end },
         retry_after: 0,
         delay: 0,
     };
-    if cost > p.limit {
+    if cost > p.limit() {
         d.outcome = Outcome::Never;
     } else if cost > left {
         d.outcome = Outcome::Denied;

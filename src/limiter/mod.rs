@@ -185,6 +185,43 @@ impl Divisor {
     }
 }
 
+/// `limit` units per window of `period`: the parameters of the fixed window and the
+/// sliding window counter, with the window length's reciprocal precomputed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct WindowPolicy {
+    limit: u64,
+    period: Divisor,
+}
+
+impl WindowPolicy {
+    pub fn new(limit: u64, period: Nanos) -> Result<Self, PolicyError> {
+        if limit == 0 {
+            return Err(PolicyError::ZeroLimit);
+        }
+        check_period(period)?;
+        Ok(WindowPolicy {
+            limit,
+            period: period.into(),
+        })
+    }
+    pub fn limit(&self) -> u64 {
+        self.limit
+    }
+    pub fn period(&self) -> Nanos {
+        self.period.get()
+    }
+    /// The index of the aligned window holding `now`.
+    #[inline]
+    pub fn window_of(&self, now: Nanos) -> u64 {
+        self.period.div_rem(now as u128).0 as u64
+    }
+    /// `x / period`, exact.
+    #[inline]
+    pub(crate) fn div_period(&self, x: u128) -> u128 {
+        self.period.div_rem(x).0
+    }
+}
+
 /// The names of the algorithms, as written in policy files.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]

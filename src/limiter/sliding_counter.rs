@@ -6,48 +6,21 @@
 //!
 //! With `w = previous x (period - elapsed)`, the rule is equivalent to
 //! `c <= limit - current - floor(w / period)`, which gives `remaining` directly.
+//!
+//! ```
+//! use quorate::limiter::sliding_counter::{decide, Policy, State};
+//! let p = Policy::new(10, 1_000).unwrap();
+//! let mut s = State::default();
+//! assert!(decide(&mut s, &p, 0, 10).allowed());
+//! // Half-way into the next window, half of the previous window still counts.
+//! assert_eq!(decide(&mut s, &p, 1_500, 0).remaining, 5);
+//! ```
 
-use super::{check_period, Decision, Divisor, Nanos, Outcome, PolicyError};
+use super::{Decision, Nanos, Outcome};
 use serde::{Deserialize, Serialize};
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-pub struct Policy {
-    limit: u64,
-    period: Divisor,
-}
-
-impl Policy {
-    /// About `limit` units per rolling `period` (estimated from two aligned windows).
-    ///
-    /// ```
-    /// use quorate::limiter::sliding_counter::{decide, Policy, State};
-    /// let p = Policy::new(10, 1_000).unwrap();
-    /// let mut s = State::default();
-    /// assert!(decide(&mut s, &p, 0, 10).allowed());
-    /// // Half-way into the next window, half of the previous window still counts.
-    /// assert_eq!(decide(&mut s, &p, 1_500, 0).remaining, 5);
-    /// ```
-    pub fn new(limit: u64, period: Nanos) -> Result<Self, PolicyError> {
-        if limit == 0 {
-            return Err(PolicyError::ZeroLimit);
-        }
-        check_period(period)?;
-        Ok(Policy {
-            limit,
-            period: period.into(),
-        })
-    }
-    pub fn limit(&self) -> u64 {
-        self.limit
-    }
-    pub fn period(&self) -> Nanos {
-        self.period.get()
-    }
-
-    fn window_of(&self, now: Nanos) -> u64 {
-        self.period.div_rem(now as u128).0 as u64
-    }
-}
+/// `limit` units per window of `period`; shared with the other window algorithm.
+pub use super::WindowPolicy as Policy;
 
 /// The current window's index and the units admitted in it and in the window before.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
@@ -81,30 +54,30 @@ pub fn decide(s: &mut State, p: &Policy, now: Nanos, cost: u64) -> Decision {
     let start = s.window as u128 * period;
     let now_w = now as u128;
     let elapsed = now_w.saturating_sub(start); // 0 if `now` went backwards
-    let weighted = p.period.div_rem(s.prev as u128 * (period - elapsed)).0;
+    let weighted = p.div_period(s.prev as u128 * (period - elapsed));
     let used = s.curr as u128 + weighted;
-    let left = (p.limit as u128).saturating_sub(used) as u64;
+    let left = (p.limit() as u128).saturating_sub(used) as u64;
     let mut d = Decision {
         outcome: Outcome::Allowed,
-        limit: p.limit,
+        limit: p.limit(),
         remaining: left,
         reset_after: 0,
         retry_after: 0,
         delay: 0,
     };
-    if cost > p.limit {
+    if cost > p.limit() {
         d.outcome = Outcome::Never;
     } else if cost > left {
         d.outcome = Outcome::Denied;
         // In this window the previous count's weight decays; if the current count alone
         // leaves no room, wait for the next window (where `curr` becomes the decaying part),
         // or the one after (where nothing is left).
-        let in_this = (cost <= p.limit - s.curr)
-            .then(|| first_fit(s.prev, p.limit - s.curr - cost, period))
+        let in_this = (cost <= p.limit() - s.curr)
+            .then(|| first_fit(s.prev, p.limit() - s.curr - cost, period))
             .flatten()
             .map(|e| start + e);
         let next = start + period;
-        let target = in_this.unwrap_or_else(|| match first_fit(s.curr, p.limit - cost, period) {
+        let target = in_this.unwrap_or_else(|| match first_fit(s.curr, p.limit() - cost, period) {
             Some(e) => next + e,
             None => next + period,
         });
