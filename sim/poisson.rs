@@ -55,13 +55,12 @@ pub fn arrivals(rate: f64, duration: Nanos, seed: u64, keys: u64) -> Result<Work
     // Time is summed in integer picoseconds so that rounding each gap does not bias short
     // gaps (at one arrival per ns, per-gap rounding to whole ns ran 4% fast).
     let mut now_ps: u128 = 0;
-    let mut now: Nanos;
     loop {
         let u: f64 = rng.random();
         let gap_ps = (-(1.0 - u).ln() / rate * (SECOND as f64 * 1000.0)).round();
         // `as` saturates: an absurdly long gap simply ends the run.
         now_ps = now_ps.saturating_add(gap_ps as u128);
-        now = u64::try_from(now_ps / 1000).unwrap_or(u64::MAX);
+        let now: Nanos = u64::try_from(now_ps / 1000).unwrap_or(u64::MAX);
         if now >= duration {
             break;
         }

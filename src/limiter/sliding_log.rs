@@ -4,15 +4,13 @@
 //! them (every entry holds at least one unit), so memory is bounded by the policy, never by
 //! traffic: at most `16 x limit` bytes per key, `limit <= MAX_LOG_LIMIT`.
 
-use super::{check_period, Decision, Nanos, Outcome, PolicyError, MAX_LOG_LIMIT};
+use super::{Decision, Nanos, Outcome, PolicyError, WindowPolicy, MAX_LOG_LIMIT};
 use serde::{Deserialize, Serialize};
 use std::collections::VecDeque;
 
+/// The window parameters, with the limit also capped by the memory bound.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-pub struct Policy {
-    limit: u64,
-    period: Nanos,
-}
+pub struct Policy(WindowPolicy);
 
 impl Policy {
     /// `limit` units in any rolling window of `period` nanoseconds.
@@ -25,20 +23,16 @@ impl Policy {
     /// assert_eq!(decide(&mut s, &p, 120, 1).retry_after, 30);
     /// ```
     pub fn new(limit: u64, period: Nanos) -> Result<Self, PolicyError> {
-        if limit == 0 {
-            return Err(PolicyError::ZeroLimit);
-        }
         if limit > MAX_LOG_LIMIT {
             return Err(PolicyError::LogLimitTooLarge(limit));
         }
-        check_period(period)?;
-        Ok(Policy { limit, period })
+        WindowPolicy::new(limit, period).map(Policy)
     }
     pub fn limit(&self) -> u64 {
-        self.limit
+        self.0.limit()
     }
     pub fn period(&self) -> Nanos {
-        self.period
+        self.0.period()
     }
 }
 
@@ -61,7 +55,7 @@ impl State {
 
 /// When an admission at `at` stops counting.
 fn expiry(at: Nanos, p: &Policy) -> u128 {
-    at as u128 + p.period as u128
+    at as u128 + p.period() as u128
 }
 
 fn gap(until: u128, now: Nanos) -> Nanos {
@@ -78,16 +72,16 @@ pub fn decide(s: &mut State, p: &Policy, now: Nanos, cost: u64) -> Decision {
         s.entries.pop_front();
         s.total -= n;
     }
-    let left = p.limit - s.total;
+    let left = p.limit() - s.total;
     let mut d = Decision {
         outcome: Outcome::Allowed,
-        limit: p.limit,
+        limit: p.limit(),
         remaining: left,
         reset_after: 0,
         retry_after: 0,
         delay: 0,
     };
-    if cost > p.limit {
+    if cost > p.limit() {
         d.outcome = Outcome::Never;
     } else if cost > left {
         // Walk the oldest admissions until enough units have expired to fit `cost`.
