@@ -39,7 +39,7 @@ pub fn policies() -> PolicySet {
         (a.name().to_string(), limit)
     })
     .collect();
-    PolicySet { limits }
+    PolicySet::from_limits(limits)
 }
 
 /// `LIMIT` requests in the `LIMIT` steps before the 1 s boundary, `LIMIT` from it on.

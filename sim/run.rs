@@ -5,7 +5,7 @@
 //! request costs 1, and `now` is the arrival's shard time — the same calls a shard makes, so
 //! what the simulator reports is what a deployment would do with that traffic.
 
-use super::window::{max_in_any_window, period_of};
+use super::window::max_in_any_window;
 use super::Workload;
 use crate::limiter::{Algorithm, Limit, Nanos};
 use crate::policy::PolicySet;
@@ -74,7 +74,7 @@ fn run_one(name: &str, limit: &Limit, workload: &Workload, keep_times: bool) -> 
             }
         }
     }
-    let window = period_of(limit);
+    let window = limit.period();
     PolicyResult {
         name: name.to_string(),
         algorithm: limit.algorithm(),
@@ -94,7 +94,7 @@ fn run_one(name: &str, limit: &Limit, workload: &Workload, keep_times: bool) -> 
 
 /// `10 per 1s` for the window algorithms, `10 per 1s, capacity 20` for the buckets.
 pub fn describe(limit: &Limit) -> String {
-    let period = humantime::format_duration(std::time::Duration::from_nanos(period_of(limit)));
+    let period = humantime::format_duration(std::time::Duration::from_nanos(limit.period()));
     match limit {
         Limit::FixedWindow(p) => format!("{} per {period}", p.limit()),
         Limit::SlidingLog(p) => format!("{} per {period}", p.limit()),

@@ -5,8 +5,6 @@
 //! (the sliding log, exactly) and which do not (the fixed window, up to twice at a boundary;
 //! buckets, up to rate + capacity by design).
 
-use crate::limiter::Nanos;
-
 /// The largest number of `admitted_times` inside any window `[t, t + period)`, i.e. the most
 /// times any two of which are less than `period` apart. Times are expected sorted (the
 /// simulator's are); unsorted input is sorted first. A zero `period` contains nothing.
@@ -33,19 +31,6 @@ pub fn max_in_any_window(admitted_times: &[u64], period: u64) -> u64 {
         best = best.max(end - start + 1);
     }
     best as u64
-}
-
-/// The window [`max_in_any_window`] uses for a report: the limit's own period.
-pub fn period_of(limit: &crate::limiter::Limit) -> Nanos {
-    use crate::limiter::Limit;
-    match limit {
-        Limit::FixedWindow(p) => p.period(),
-        Limit::SlidingLog(p) => p.period(),
-        Limit::SlidingCounter(p) => p.period(),
-        Limit::TokenBucket(p) => p.period(),
-        Limit::Gcra(p) => p.period(),
-        Limit::LeakyQueue(p) => p.period(),
-    }
 }
 
 #[cfg(test)]

@@ -6,10 +6,21 @@
 //! - `policy/` — named limits from a TOML policy file, validated with errors that name the fix.
 //! - `sim/` (the crate's `sim/` folder, compiled in as [`sim`]) — the workload simulator behind
 //!   `quorate sim ...`: trace replay, Poisson arrivals, the boundary-burst scenario, SVG plots.
+//! - `clock.rs` — the `Clock` seam (the only way node code reads time) and shard time.
+//! - `net/` — the `net` seam: `Listener`/`Connector` traits and their tokio TCP version.
+//! - `config.rs` — a node's addresses and the bounds on every input and queue.
+//! - `metrics.rs` — the Prometheus metrics.
+//! - `service/` — the node's application API: validate, route to shards, all-or-nothing.
 //! - `main.rs` — the thin CLI.
 
+pub mod clock;
+pub mod config;
 pub mod limiter;
+pub mod metrics;
+pub mod net;
 pub mod policy;
+pub mod service;
+pub mod shard;
 
 #[path = "../sim/mod.rs"]
 pub mod sim;

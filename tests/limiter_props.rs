@@ -279,6 +279,41 @@ proptest! {
         }
     }
 
+    /// A refund right after an admission undoes it: every later decision is as if it had
+    /// never happened. A refund later never makes a key better off than a fresh one.
+    #[test]
+    fn a_refund_undoes_an_admission_and_never_lifts_a_key_above_fresh(
+        alg in prop::sample::select(Algorithm::ALL.to_vec()),
+        p in params(),
+        s in steps(),
+        refund_delay in prop_oneof![Just(0u64), 0..3_000u64],
+    ) {
+        let l = Limit::new(alg, p.0, p.1, p.2).unwrap();
+        let mut state = l.new_state();
+        let mut now = 0;
+        for (i, step) in s.iter().enumerate() {
+            now += step.gap;
+            let before = state.clone();
+            let d = l.decide(&mut state, now, step.cost);
+            if !d.allowed() || step.cost == 0 || i % 3 != 0 {
+                continue;
+            }
+            let mut refunded = state.clone();
+            l.refund(&mut refunded, now, step.cost);
+            let later = now + refund_delay;
+            let probe_cost = s.get(i + 1).map_or(1, |n| n.cost);
+            if refund_delay == 0 {
+                prop_assert_eq!(probe(&l, &refunded, now, probe_cost), probe(&l, &before, now, probe_cost));
+                prop_assert_eq!(probe(&l, &refunded, now + 1, probe_cost), probe(&l, &before, now + 1, probe_cost));
+            }
+            // Never better off than a fresh key: whatever a fresh key refuses, so does it.
+            let r = probe(&l, &refunded, later, 0);
+            prop_assert!(r.remaining <= l.capacity());
+            let f = probe(&l, &l.new_state(), later, 0);
+            prop_assert!(r.remaining <= f.remaining, "refund lifted remaining above fresh: {:?} vs {:?}", r, f);
+        }
+    }
+
     /// The precomputed-reciprocal division is exact for every dividend and divisor.
     #[test]
     fn divisor_division_is_exact(

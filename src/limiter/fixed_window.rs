@@ -63,3 +63,11 @@ pub fn decide(s: &mut State, p: &Policy, now: Nanos, cost: u64) -> Decision {
 pub fn is_fresh(s: &State, p: &Policy, now: Nanos) -> bool {
     s.count == 0 || p.window_of(now) > s.window
 }
+
+/// Gives back `cost` units admitted at `admitted_at` (the all-or-nothing rule's compensation).
+/// Only the admission's own window is credited, so a refund never lifts a key above fresh.
+pub fn refund(s: &mut State, p: &Policy, admitted_at: Nanos, cost: u64) {
+    if p.window_of(admitted_at) == s.window {
+        s.count -= cost.min(s.count);
+    }
+}

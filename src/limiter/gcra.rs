@@ -122,3 +122,9 @@ pub fn decide(s: &mut State, p: &Policy, now: Nanos, cost: u64) -> Decision {
 pub fn is_fresh(s: &State, p: &Policy, now: Nanos) -> bool {
     s.tat <= now as u128 * p.rate() as u128
 }
+
+/// Moves the TAT back by `cost` intervals. A TAT at or before now is "fresh", so a refund
+/// never grants more than a never-seen key has.
+pub fn refund(s: &mut State, p: &Policy, cost: u64) {
+    s.tat = s.tat.saturating_sub(cost as u128 * p.period() as u128);
+}

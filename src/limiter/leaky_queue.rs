@@ -57,3 +57,8 @@ pub fn decide(s: &mut State, p: &Policy, now: Nanos, cost: u64) -> Decision {
 pub fn is_fresh(s: &State, p: &Policy, now: Nanos) -> bool {
     gcra::is_fresh(s, &p.0, now)
 }
+
+/// Takes `cost` units back out of the queue (see [`gcra::refund`]).
+pub fn refund(s: &mut State, p: &Policy, cost: u64) {
+    gcra::refund(s, &p.0, cost)
+}

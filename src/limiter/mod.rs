@@ -350,6 +350,18 @@ impl Limit {
         }
     }
 
+    /// The period: the window length, or the time the rate is counted over.
+    pub fn period(&self) -> Nanos {
+        match self {
+            Limit::FixedWindow(p) => p.period(),
+            Limit::SlidingLog(p) => p.period(),
+            Limit::SlidingCounter(p) => p.period(),
+            Limit::TokenBucket(p) => p.period(),
+            Limit::Gcra(p) => p.period(),
+            Limit::LeakyQueue(p) => p.period(),
+        }
+    }
+
     /// The "never seen" state for this limit.
     pub fn new_state(&self) -> KeyState {
         match self {
@@ -389,6 +401,28 @@ impl Limit {
                     continue;
                 }
             };
+        }
+    }
+
+    /// Gives back `cost` units that a decision at `admitted_at` admitted: the compensation
+    /// of the all-or-nothing rule when another limit of the same check denied. Right after the
+    /// admission it undoes it exactly; later it never lifts the key above its fresh state.
+    pub fn refund(&self, state: &mut KeyState, admitted_at: Nanos, cost: u64) {
+        match (self, state) {
+            (Limit::FixedWindow(p), KeyState::FixedWindow(s)) => {
+                fixed_window::refund(s, p, admitted_at, cost)
+            }
+            (Limit::SlidingLog(p), KeyState::SlidingLog(s)) => {
+                sliding_log::refund(s, p, admitted_at, cost)
+            }
+            (Limit::SlidingCounter(p), KeyState::SlidingCounter(s)) => {
+                sliding_counter::refund(s, p, admitted_at, cost)
+            }
+            (Limit::TokenBucket(p), KeyState::TokenBucket(s)) => token_bucket::refund(s, p, cost),
+            (Limit::Gcra(p), KeyState::Gcra(s)) => gcra::refund(s, p, cost),
+            (Limit::LeakyQueue(p), KeyState::LeakyQueue(s)) => leaky_queue::refund(s, p, cost),
+            // A state of another algorithm holds nothing this limit admitted.
+            _ => {}
         }
     }
 

@@ -107,3 +107,14 @@ pub fn is_fresh(s: &State, p: &Policy, now: Nanos) -> bool {
         s.prev == 0 && s.curr == 0
     }
 }
+
+/// Gives back `cost` units admitted at `admitted_at`, from the counter that holds them
+/// (current or previous window); never below zero, so never above fresh.
+pub fn refund(s: &mut State, p: &Policy, admitted_at: Nanos, cost: u64) {
+    let w = p.window_of(admitted_at);
+    if w == s.window {
+        s.curr -= cost.min(s.curr);
+    } else if w.checked_add(1) == Some(s.window) {
+        s.prev -= cost.min(s.prev);
+    }
+}

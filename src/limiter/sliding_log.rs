@@ -114,3 +114,17 @@ pub fn is_fresh(s: &State, p: &Policy, now: Nanos) -> bool {
         .back()
         .is_none_or(|&(at, _)| expiry(at, p) <= now as u128)
 }
+
+/// Gives back `cost` units admitted at `admitted_at`: the admission's own entry shrinks (and
+/// disappears at zero). Nothing else is credited, so a refund never lifts a key above fresh.
+pub fn refund(s: &mut State, _p: &Policy, admitted_at: Nanos, cost: u64) {
+    if let Some(i) = s.entries.iter().position(|&(at, _)| at == admitted_at) {
+        let n = &mut s.entries[i].1;
+        let back = cost.min(*n);
+        *n -= back;
+        s.total -= back;
+        if *n == 0 {
+            s.entries.remove(i);
+        }
+    }
+}

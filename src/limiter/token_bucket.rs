@@ -96,3 +96,8 @@ pub fn decide(s: &mut State, p: &Policy, now: Nanos, cost: u64) -> Decision {
 pub fn is_fresh(s: &State, p: &Policy, now: Nanos) -> bool {
     refilled(s, p, now) == 0
 }
+
+/// Puts `cost` tokens back, never more than the bucket's capacity.
+pub fn refund(s: &mut State, p: &Policy, cost: u64) {
+    s.deficit = s.deficit.saturating_sub(cost as u128 * p.period() as u128);
+}

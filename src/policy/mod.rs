@@ -6,6 +6,13 @@
 //! limit = 5                   # requests per period (the refill rate for the bucket algorithms)
 //! period = "1m"               # 1ns .. 366d, humantime syntax: "500ms", "1s", "15m", "1h", "1d"
 //! burst = 5                   # bucket capacity (token_bucket, gcra, leaky_queue); default: limit
+//! key_prefix = "login:"       # namespace of this limit's keys (default "NAME:"); names the key type in logs
+//! shadow = false              # true: decide, log and count, but always admit
+//! on_unavailable = "deny"     # deny | allow | local: the answer when the node cannot decide
+//! consistency = "strict"      # strict | fast (used by the cluster)
+//!
+//! [inline]
+//! allow = false               # accept limits given in the request (CL.THROTTLE, inline JSON)
 //! ```
 //!
 //! Errors name the limit, the field and the fix. Limits are kept in name order so every
@@ -19,7 +26,55 @@ use std::path::Path;
 /// A validated set of named limits.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct PolicySet {
+    /// The algorithm and parameters of each named limit.
     pub limits: BTreeMap<String, Limit>,
+    /// How each named limit is applied (same keys as `limits`).
+    pub options: BTreeMap<String, LimitOptions>,
+    /// Whether requests may carry their own limits.
+    pub inline: InlineRules,
+}
+
+/// The answer when a limit cannot be decided (no quorum, or the key cap is reached).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize, serde::Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum OnUnavailable {
+    /// Fail closed: deny (the default: a limiter is a security control).
+    #[default]
+    Deny,
+    /// Fail open: admit, and count it in a metric.
+    Allow,
+    /// Each node enforces limit/N by itself until the shard is back (cluster only; a single
+    /// node answers from its own state).
+    Local,
+}
+
+/// When a decision is answered relative to replication (used by the cluster).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize, serde::Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Consistency {
+    /// Answer after the decision is committed on a majority.
+    #[default]
+    Strict,
+    /// Answer at once; replicate in the next batch.
+    Fast,
+}
+
+/// How a named limit is applied.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LimitOptions {
+    /// Namespace of the limit's keys in the shard's table, and the key type in logs.
+    pub key_prefix: String,
+    pub shadow: bool,
+    pub on_unavailable: OnUnavailable,
+    pub consistency: Consistency,
+}
+
+/// Whether requests may carry their own limits.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct InlineRules {
+    #[serde(default)]
+    pub allow: bool,
 }
 
 /// Why a policy file was refused.
@@ -43,6 +98,8 @@ pub enum PolicyFileError {
 struct FileSpec {
     #[serde(default)]
     limits: BTreeMap<String, LimitSpec>,
+    #[serde(default)]
+    inline: InlineRules,
 }
 
 #[derive(Debug, Deserialize)]
@@ -52,6 +109,13 @@ struct LimitSpec {
     limit: u64,
     period: String,
     burst: Option<u64>,
+    key_prefix: Option<String>,
+    #[serde(default)]
+    shadow: bool,
+    #[serde(default)]
+    on_unavailable: OnUnavailable,
+    #[serde(default)]
+    consistency: Consistency,
 }
 
 /// Parses a duration such as `"1s"`, `"250ms"`, `"1h 30m"` into nanoseconds (1ns .. 366d).
@@ -82,6 +146,7 @@ impl PolicySet {
             return Err(PolicyFileError::Empty);
         }
         let mut limits = BTreeMap::new();
+        let mut options = BTreeMap::new();
         for (name, l) in spec.limits {
             let invalid = |message: String| PolicyFileError::Invalid {
                 name: name.clone(),
@@ -92,9 +157,28 @@ impl PolicySet {
             let burst = l.burst.unwrap_or(l.limit);
             let limit = Limit::new(algorithm, l.limit, period, burst)
                 .map_err(|e| invalid(e.to_string()))?;
+            let key_prefix = l.key_prefix.unwrap_or_else(|| format!("{name}:"));
+            if key_prefix.len() > 64 {
+                return Err(invalid(
+                    "`key_prefix` is longer than 64 bytes; use a short namespace".into(),
+                ));
+            }
+            options.insert(
+                name.clone(),
+                LimitOptions {
+                    key_prefix,
+                    shadow: l.shadow,
+                    on_unavailable: l.on_unavailable,
+                    consistency: l.consistency,
+                },
+            );
             limits.insert(name, limit);
         }
-        Ok(PolicySet { limits })
+        Ok(PolicySet {
+            limits,
+            options,
+            inline: spec.inline,
+        })
     }
 
     /// Reads and validates a policy file.
@@ -104,6 +188,24 @@ impl PolicySet {
             source,
         })?;
         Self::from_toml(&text)
+    }
+
+    /// A named limit with its options.
+    pub fn get(&self, name: &str) -> Option<(&Limit, &LimitOptions)> {
+        Some((self.limits.get(name)?, self.options.get(name)?))
+    }
+
+    /// The names of the limits, for error messages.
+    pub fn names(&self) -> String {
+        let names: Vec<&str> = self.limits.keys().map(String::as_str).collect();
+        names.join(", ")
+    }
+
+    /// The policies a node runs with when given no file: the shipped
+    /// `quorate.toml`, compiled in.
+    pub fn default_policies() -> Self {
+        Self::from_toml(include_str!("../../quorate.toml"))
+            .expect("the shipped policy file is valid")
     }
 
     /// The classic comparison set: limit 10 per 1 s for the three window algorithms;
@@ -120,7 +222,29 @@ impl PolicySet {
         .into_iter()
         .map(|(n, l)| (n.to_string(), l))
         .collect();
-        PolicySet { limits }
+        Self::from_limits(limits)
+    }
+
+    /// Limits with the default options (prefix "NAME:", strict, deny, not shadow) and no
+    /// inline limits: for the simulator's built-in sets.
+    pub fn from_limits(limits: BTreeMap<String, Limit>) -> Self {
+        let options = limits
+            .keys()
+            .map(|n| {
+                let o = LimitOptions {
+                    key_prefix: format!("{n}:"),
+                    shadow: false,
+                    on_unavailable: OnUnavailable::Deny,
+                    consistency: Consistency::Strict,
+                };
+                (n.clone(), o)
+            })
+            .collect();
+        PolicySet {
+            limits,
+            options,
+            inline: InlineRules::default(),
+        }
     }
 }
 
@@ -183,6 +307,28 @@ mod tests {
             .unwrap_err()
             .to_string()
             .contains("brust"));
+    }
+
+    #[test]
+    fn options_default_to_strict_deny_not_shadow_with_the_name_as_prefix() {
+        let text = "[limits.x]\nalgorithm = \"gcra\"\nlimit = 1\nperiod = \"1s\"\n";
+        let set = PolicySet::from_toml(text).unwrap();
+        let (_, o) = set.get("x").unwrap();
+        assert_eq!(o.key_prefix, "x:");
+        assert!(!o.shadow && !set.inline.allow);
+        assert_eq!(
+            (o.on_unavailable, o.consistency),
+            (OnUnavailable::Deny, Consistency::Strict)
+        );
+        let text = "[limits.x]\nalgorithm = \"gcra\"\nlimit = 1\nperiod = \"1s\"\non_unavailable = \"maybe\"\n";
+        let err = PolicySet::from_toml(text).unwrap_err().to_string();
+        assert!(err.contains("deny") && err.contains("allow"), "{err}");
+    }
+
+    #[test]
+    fn the_shipped_default_policies_are_valid() {
+        let set = PolicySet::default_policies();
+        assert!(set.get("login").is_some() && set.get("api").is_some());
     }
 
     #[test]

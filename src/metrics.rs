@@ -1,0 +1,131 @@
+//! Prometheus metrics of a node, rendered at `GET /metrics`.
+
+use prometheus::{
+    Encoder, HistogramOpts, HistogramVec, IntCounter, IntCounterVec, IntGaugeVec, Opts, Registry,
+    TextEncoder,
+};
+
+/// Every metric the node exports. Cheap to clone (handles share the same series).
+#[derive(Clone)]
+pub struct Metrics {
+    pub registry: Registry,
+    /// Decisions by policy and outcome (`allowed`, `denied`, `never`, `shadow_denied`).
+    pub decisions: IntCounterVec,
+    /// Time from receiving a check to its answer, by API (`resp`, `http`).
+    pub decision_latency: HistogramVec,
+    /// Batches waiting in each shard actor's mailbox.
+    pub queue_depth: IntGaugeVec,
+    /// Keys held per shard.
+    pub keys: IntGaugeVec,
+    /// Keys dropped because their state was as if never seen.
+    pub evictions: IntCounter,
+    /// New keys refused at the key cap (answered by `on_unavailable`).
+    pub key_cap_rejections: IntCounter,
+    /// Requests refused as malformed, by API and reason.
+    pub bad_requests: IntCounterVec,
+    /// Shard actors restarted after a crash.
+    pub shard_restarts: IntCounter,
+    /// Open client connections, by API.
+    pub connections: IntGaugeVec,
+    /// Connections refused at the connection cap, by API.
+    pub connections_refused: IntCounterVec,
+    /// Policy reloads by result (`ok`, `error`).
+    pub reloads: IntCounterVec,
+}
+
+impl Metrics {
+    pub fn new() -> Self {
+        let registry = Registry::new();
+        let counter_vec = |name: &str, help: &str, labels: &[&str]| {
+            let c = IntCounterVec::new(Opts::new(name, help), labels).expect("valid metric");
+            registry
+                .register(Box::new(c.clone()))
+                .expect("unique metric");
+            c
+        };
+        let gauge_vec = |name: &str, help: &str, labels: &[&str]| {
+            let g = IntGaugeVec::new(Opts::new(name, help), labels).expect("valid metric");
+            registry
+                .register(Box::new(g.clone()))
+                .expect("unique metric");
+            g
+        };
+        let counter = |name: &str, help: &str| {
+            let c = IntCounter::new(name, help).expect("valid metric");
+            registry
+                .register(Box::new(c.clone()))
+                .expect("unique metric");
+            c
+        };
+        let decision_latency = HistogramVec::new(
+            HistogramOpts::new(
+                "quorate_decision_latency_seconds",
+                "Time from receiving a check to its answer",
+            )
+            .buckets(vec![
+                5e-6, 1e-5, 2.5e-5, 5e-5, 1e-4, 2.5e-4, 5e-4, 1e-3, 2.5e-3, 5e-3, 1e-2, 5e-2, 0.25,
+            ]),
+            &["api"],
+        )
+        .expect("valid metric");
+        registry
+            .register(Box::new(decision_latency.clone()))
+            .expect("unique metric");
+        Metrics {
+            decisions: counter_vec(
+                "quorate_decisions_total",
+                "Decisions by policy and outcome",
+                &["policy", "outcome"],
+            ),
+            decision_latency,
+            queue_depth: gauge_vec(
+                "quorate_shard_queue_depth",
+                "Batches waiting in a shard actor's mailbox",
+                &["shard"],
+            ),
+            keys: gauge_vec("quorate_keys", "Keys held per shard", &["shard"]),
+            evictions: counter(
+                "quorate_evictions_total",
+                "Keys dropped because their state was as if never seen",
+            ),
+            key_cap_rejections: counter(
+                "quorate_key_cap_rejections_total",
+                "New keys refused at the key cap",
+            ),
+            bad_requests: counter_vec(
+                "quorate_bad_requests_total",
+                "Requests refused as malformed",
+                &["api", "reason"],
+            ),
+            shard_restarts: counter(
+                "quorate_shard_restarts_total",
+                "Shard actors restarted after a crash",
+            ),
+            connections: gauge_vec("quorate_connections", "Open client connections", &["api"]),
+            connections_refused: counter_vec(
+                "quorate_connections_refused_total",
+                "Connections refused at the connection cap",
+                &["api"],
+            ),
+            reloads: counter_vec(
+                "quorate_policy_reloads_total",
+                "Policy reloads by result",
+                &["result"],
+            ),
+            registry,
+        }
+    }
+
+    /// The Prometheus text exposition of every metric.
+    pub fn render(&self) -> String {
+        let mut buf = Vec::new();
+        let _ = TextEncoder::new().encode(&self.registry.gather(), &mut buf);
+        String::from_utf8(buf).unwrap_or_default()
+    }
+}
+
+impl Default for Metrics {
+    fn default() -> Self {
+        Self::new()
+    }
+}

@@ -1,0 +1,29 @@
+//! The `net` seam: the only place node code gets sockets.
+//!
+//! Servers take a [`Listener`] and clients a [`Connector`], so the same code runs over tokio's
+//! TCP ([`tcp`]) and, in the simulation, over turmoil's sockets. Nothing outside this module
+//! names `tokio::net` or `std::net` sockets.
+
+pub mod tcp;
+
+use std::future::Future;
+use std::io;
+use std::net::SocketAddr;
+use tokio::io::{AsyncRead, AsyncWrite};
+
+/// A byte stream to a peer.
+pub trait Stream: AsyncRead + AsyncWrite + Unpin + Send + 'static {}
+impl<T: AsyncRead + AsyncWrite + Unpin + Send + 'static> Stream for T {}
+
+/// Accepts connections.
+pub trait Listener: Send + 'static {
+    type Conn: Stream;
+    fn accept(&mut self) -> impl Future<Output = io::Result<(Self::Conn, SocketAddr)>> + Send;
+    fn local_addr(&self) -> io::Result<SocketAddr>;
+}
+
+/// Opens connections.
+pub trait Connector: Clone + Send + Sync + 'static {
+    type Conn: Stream;
+    fn connect(&self, addr: SocketAddr) -> impl Future<Output = io::Result<Self::Conn>> + Send;
+}

@@ -1,0 +1,409 @@
+//! The node's application API: what RESP, HTTP and the client call.
+//!
+//! A [`Service`] validates checks, resolves limits from the policy set, routes each item to
+//! its shard actor (one batch per shard per call), applies the all-or-nothing rule across
+//! shards (refunding what was admitted when any item denies), and keeps the metrics.
+
+pub mod types;
+
+pub use types::*;
+
+mod resolve;
+
+use crate::clock::SharedClock;
+use crate::config::NodeConfig;
+use crate::limiter::Outcome;
+use crate::metrics::Metrics;
+use crate::policy::PolicySet;
+use crate::shard::actor::Shards;
+use crate::shard::command::{Applied, Command};
+use crate::shard::route::shard_of;
+use crate::shard::state::Bounds;
+use resolve::Resolved;
+use serde::Serialize;
+use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+
+/// The commands bound for one shard, and the (request, item) each answers, in order.
+type ShardBatch = (Vec<(usize, usize)>, Vec<Command>);
+
+/// A handle to a running node's decision path. Cheap to clone.
+#[derive(Clone)]
+pub struct Service {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    config: NodeConfig,
+    metrics: Metrics,
+    clock: SharedClock,
+    policies: arc_swap::ArcSwap<PolicySet>,
+    shards: Shards,
+    /// Counts decisions, for sampling the decision log deterministically.
+    decided: AtomicU64,
+}
+
+/// One shard's status, for `/v1/admin/status`.
+#[derive(Debug, Clone, Serialize)]
+pub struct ShardStatus {
+    pub shard: u32,
+    pub keys: u64,
+    pub queue_depth: u64,
+    pub shard_time_ns: u64,
+    pub restarts: u64,
+}
+
+/// The node's status, for `/v1/admin/status` and `INFO`.
+#[derive(Debug, Clone, Serialize)]
+pub struct NodeStatus {
+    pub version: &'static str,
+    pub shards: Vec<ShardStatus>,
+    pub keys: u64,
+    pub max_keys: u64,
+    pub limits: Vec<String>,
+    pub inline_allowed: bool,
+}
+
+/// What a reload changed.
+#[derive(Debug, Clone, Serialize)]
+pub struct ReloadReport {
+    pub limits: usize,
+    pub added: Vec<String>,
+    pub removed: Vec<String>,
+    pub changed: Vec<String>,
+}
+
+impl Service {
+    /// Starts the shard actors. `policies` is the validated policy set to begin with.
+    pub async fn start(
+        config: NodeConfig,
+        policies: PolicySet,
+        clock: SharedClock,
+    ) -> Result<Service, String> {
+        let metrics = Metrics::new();
+        let shard_count = config.shards.max(1);
+        let bounds = Bounds {
+            max_keys: config.max_keys.div_ceil(shard_count as u64),
+            idempotency_horizon: u64::try_from(config.idempotency_horizon.as_nanos())
+                .unwrap_or(u64::MAX),
+            max_request_ids: 100_000,
+        };
+        let shards = Shards::start(
+            shard_count,
+            bounds,
+            clock.clone(),
+            metrics.clone(),
+            config.shard_timeout,
+        )
+        .await?;
+        Ok(Service {
+            inner: Arc::new(Inner {
+                config,
+                metrics,
+                clock,
+                policies: arc_swap::ArcSwap::from_pointee(policies),
+                shards,
+                decided: AtomicU64::new(0),
+            }),
+        })
+    }
+
+    /// Decides one check (all-or-nothing over its items).
+    pub async fn check(&self, req: CheckRequest) -> Result<CheckResponse, CheckError> {
+        self.check_many(vec![req])
+            .await
+            .pop()
+            .unwrap_or_else(|| Err(CheckError::Unavailable("no answer".into())))
+    }
+
+    /// Decides several independent checks — a connection's pipelined requests — with one
+    /// message per shard. Answers come back in request order, exactly one each.
+    ///
+    /// All-or-nothing across shards: every item is decided on its shard; if any item of a
+    /// request is denied, the items it admitted are refunded (through the same shards)
+    /// before the answer is sent. This never over-admits; a concurrent request may briefly
+    /// see the reservation and be denied (docs/semantics.md).
+    pub async fn check_many(
+        &self,
+        reqs: Vec<CheckRequest>,
+    ) -> Vec<Result<CheckResponse, CheckError>> {
+        let policies = self.policies();
+        let mut answers: Vec<Option<Result<CheckResponse, CheckError>>> = Vec::new();
+        let mut resolved: Vec<Vec<Resolved>> = Vec::new();
+        let mut per_shard: BTreeMap<u32, ShardBatch> = BTreeMap::new();
+        for (r, req) in reqs.into_iter().enumerate() {
+            match resolve::request(&req, &policies, &self.inner.config) {
+                Ok(items) => {
+                    for (i, item) in items.iter().enumerate() {
+                        let shard = shard_of(&item.storage_key, self.inner.shards.count());
+                        let slot = per_shard.entry(shard).or_default();
+                        slot.0.push((r, i));
+                        slot.1.push(item.command(req.request_id.as_deref(), i));
+                    }
+                    answers.push(None);
+                    resolved.push(items);
+                }
+                Err(e) => {
+                    answers.push(Some(Err(e)));
+                    resolved.push(Vec::new());
+                }
+            }
+        }
+        let mut results: Vec<Vec<Option<Applied>>> = resolved
+            .iter()
+            .map(|items| vec![None; items.len()])
+            .collect();
+        let shards = &self.inner.shards;
+        let sent = per_shard
+            .into_iter()
+            .map(|(shard, (slots, commands))| async move {
+                (slots, shards.apply(shard, commands).await)
+            });
+        for (slots, outcome) in futures::future::join_all(sent).await {
+            match outcome {
+                Ok(applied) => {
+                    for ((r, i), a) in slots.into_iter().zip(applied) {
+                        results[r][i] = Some(a);
+                    }
+                }
+                Err(e) => {
+                    for (r, _) in slots {
+                        answers[r] = Some(Err(CheckError::Unavailable(e.to_string())));
+                    }
+                }
+            }
+        }
+        let mut refunds: BTreeMap<u32, Vec<Command>> = BTreeMap::new();
+        for (r, items) in resolved.iter().enumerate() {
+            if answers[r].is_some() {
+                // Invalid, or a shard failed: refund whatever other shards admitted.
+                self.collect_refunds(items, &results[r], &mut refunds);
+                continue;
+            }
+            let response = self.respond(items, &results[r]);
+            if !response.allowed {
+                self.collect_refunds(items, &results[r], &mut refunds);
+            }
+            answers[r] = Some(Ok(response));
+        }
+        let refunds = refunds
+            .into_iter()
+            .map(|(shard, commands)| shards.apply(shard, commands));
+        for failed in futures::future::join_all(refunds)
+            .await
+            .into_iter()
+            .filter_map(Result::err)
+        {
+            // The admission stays consumed: the error is on the safe side.
+            tracing::warn!(error = %failed, "refund not applied");
+        }
+        answers
+            .into_iter()
+            .map(|a| a.unwrap_or_else(|| Err(CheckError::Unavailable("no answer".into()))))
+            .collect()
+    }
+
+    /// Builds the response from the items' results (all present), counting and logging.
+    fn respond(&self, items: &[Resolved], results: &[Option<Applied>]) -> CheckResponse {
+        let mut out = Vec::with_capacity(items.len());
+        for (item, applied) in items.iter().zip(results) {
+            let (decision, fallback) = match applied {
+                Some(Applied::Decided {
+                    decision, fallback, ..
+                }) => (*decision, *fallback),
+                _ => continue,
+            };
+            if fallback {
+                self.inner.metrics.key_cap_rejections.inc();
+            }
+            let outcome = match (decision.outcome, item.shadow) {
+                (Outcome::Allowed, _) => "allowed",
+                (_, true) => "shadow_denied",
+                (Outcome::Denied, _) => "denied",
+                (Outcome::Never, _) => "never",
+            };
+            self.inner
+                .metrics
+                .decisions
+                .with_label_values(&[&item.name, outcome])
+                .inc();
+            self.log_sampled(item, &decision, outcome);
+            out.push(ItemDecision {
+                limit: item.name.clone(),
+                key: item.key.clone(),
+                algorithm: item.limit.algorithm(),
+                period_ns: item.period_ns,
+                decision,
+                shadow: item.shadow,
+                fallback,
+            });
+        }
+        let allowed =
+            out.len() == items.len() && out.iter().all(|i| i.shadow || i.decision.allowed());
+        CheckResponse {
+            allowed,
+            items: out,
+        }
+    }
+
+    /// Refund commands for every item of a failed check that consumed something now.
+    fn collect_refunds(
+        &self,
+        items: &[Resolved],
+        results: &[Option<Applied>],
+        refunds: &mut BTreeMap<u32, Vec<Command>>,
+    ) {
+        for (item, applied) in items.iter().zip(results) {
+            if let Some(Applied::Decided {
+                decision,
+                replayed: false,
+                fallback: false,
+                at,
+            }) = applied
+            {
+                if decision.allowed() && item.cost > 0 {
+                    let shard = shard_of(&item.storage_key, self.inner.shards.count());
+                    refunds.entry(shard).or_default().push(item.refund(*at));
+                }
+            }
+        }
+    }
+
+    fn log_sampled(&self, item: &Resolved, d: &crate::limiter::Decision, outcome: &str) {
+        let rate = self.inner.config.decision_log_sample;
+        if rate <= 0.0 {
+            return;
+        }
+        let n = self.inner.decided.fetch_add(1, Ordering::Relaxed);
+        let every = (1.0 / rate.min(1.0)).round().max(1.0) as u64;
+        if n % every == 0 {
+            tracing::info!(
+                limit = %item.name,
+                key_type = %item.key_type,
+                algorithm = %item.limit.algorithm(),
+                decision = outcome,
+                remaining = d.remaining,
+                retry_after_ms = d.retry_after.div_ceil(1_000_000),
+                "decision"
+            );
+        }
+    }
+
+    /// The policy set in force.
+    pub fn policies(&self) -> Arc<PolicySet> {
+        self.inner.policies.load_full()
+    }
+
+    /// Re-reads the policy file (or the built-in defaults) and swaps it in. Keys keep their
+    /// state across a reload (limits whose parameters changed apply the new parameters to
+    /// it); an invalid file changes nothing.
+    pub fn reload(&self) -> Result<ReloadReport, String> {
+        let loaded = match &self.inner.config.policies {
+            Some(path) => PolicySet::load(path).map_err(|e| e.to_string()),
+            None => Ok(PolicySet::default_policies()),
+        };
+        let new = match loaded {
+            Ok(p) => p,
+            Err(e) => {
+                self.inner
+                    .metrics
+                    .reloads
+                    .with_label_values(&["error"])
+                    .inc();
+                tracing::warn!(error = %e, "policy reload refused; keeping the current policies");
+                return Err(e);
+            }
+        };
+        let old = self.policies();
+        let report = ReloadReport {
+            limits: new.limits.len(),
+            added: new
+                .limits
+                .keys()
+                .filter(|k| !old.limits.contains_key(*k))
+                .cloned()
+                .collect(),
+            removed: old
+                .limits
+                .keys()
+                .filter(|k| !new.limits.contains_key(*k))
+                .cloned()
+                .collect(),
+            changed: new
+                .limits
+                .keys()
+                .filter(|k| old.limits.contains_key(*k) && old.get(k) != new.get(k))
+                .cloned()
+                .collect(),
+        };
+        self.inner.policies.store(Arc::new(new));
+        self.inner.metrics.reloads.with_label_values(&["ok"]).inc();
+        tracing::info!(?report, "policies reloaded");
+        Ok(report)
+    }
+
+    /// Drops, on every shard, the keys whose state is as if never seen. Returns how many.
+    pub async fn evict(&self) -> u64 {
+        let shards = &self.inner.shards;
+        let runs = (0..shards.count()).map(|s| shards.apply(s, vec![Command::Evict]));
+        let evicted: u64 = futures::future::join_all(runs)
+            .await
+            .into_iter()
+            .filter_map(Result::ok)
+            .flatten()
+            .map(|a| match a {
+                Applied::Evicted(n) => n,
+                _ => 0,
+            })
+            .sum();
+        self.inner.metrics.evictions.inc_by(evicted);
+        evicted
+    }
+
+    pub fn status(&self) -> NodeStatus {
+        let shards = self.inner.shards.status();
+        let policies = self.policies();
+        NodeStatus {
+            version: env!("CARGO_PKG_VERSION"),
+            keys: shards.iter().map(|s| s.keys).sum(),
+            shards,
+            max_keys: self.inner.config.max_keys,
+            limits: policies.limits.keys().cloned().collect(),
+            inline_allowed: policies.inline.allow,
+        }
+    }
+
+    pub fn metrics(&self) -> &Metrics {
+        &self.inner.metrics
+    }
+
+    pub fn config(&self) -> &NodeConfig {
+        &self.inner.config
+    }
+
+    pub fn clock(&self) -> &SharedClock {
+        &self.inner.clock
+    }
+
+    /// True once the shards are running and accepting checks.
+    pub fn ready(&self) -> bool {
+        self.inner.shards.count() > 0
+    }
+
+    /// Test hook: makes a shard's actor panic (it is restarted on its state).
+    #[doc(hidden)]
+    pub fn crash_shard(&self, shard: u32) {
+        self.inner.shards.crash(shard)
+    }
+
+    /// The shard that owns a storage key (test and admin use).
+    pub fn shard_of(&self, storage_key: &str) -> u32 {
+        shard_of(storage_key, self.inner.shards.count())
+    }
+
+    /// Stops the shard actors.
+    pub async fn shutdown(&self) {
+        self.inner.shards.stop().await
+    }
+}

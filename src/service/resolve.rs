@@ -1,0 +1,149 @@
+//! Turning a request into shard commands: validation and limit lookup.
+//!
+//! Everything a client can get wrong is caught here, before any shard is touched, so a bad
+//! request changes no state.
+
+use super::{CheckError, CheckItem, CheckRequest, LimitRef};
+use crate::config::NodeConfig;
+use crate::limiter::{Limit, Nanos};
+use crate::policy::{OnUnavailable, PolicySet};
+use crate::shard::command::Command;
+
+/// Longest request id accepted, in bytes.
+pub const MAX_REQUEST_ID: usize = 128;
+
+/// One item, resolved against the policy set.
+#[derive(Debug, Clone)]
+pub struct Resolved {
+    /// The limit's name (`inline` for request-supplied limits).
+    pub name: String,
+    /// The key as the client gave it.
+    pub key: String,
+    /// The key in the shard's table: the limit's prefix, then the key.
+    pub storage_key: String,
+    /// The key type for logs: the prefix without its trailing separator.
+    pub key_type: String,
+    pub limit: Limit,
+    pub period_ns: Nanos,
+    pub cost: u64,
+    pub shadow: bool,
+    pub on_full: OnUnavailable,
+}
+
+impl Resolved {
+    pub fn command(&self, request_id: Option<&str>, index: usize) -> Command {
+        Command::Check {
+            key: self.storage_key.clone(),
+            limit: self.limit.clone(),
+            cost: self.cost,
+            // Each item is remembered on its own shard under the request's id.
+            request_id: request_id.map(|id| format!("{id}#{index}")),
+            on_full: self.on_full,
+        }
+    }
+
+    pub fn refund(&self, admitted_at: Nanos) -> Command {
+        Command::Refund {
+            key: self.storage_key.clone(),
+            limit: self.limit.clone(),
+            cost: self.cost,
+            admitted_at,
+        }
+    }
+}
+
+fn invalid(message: impl Into<String>) -> CheckError {
+    CheckError::InvalidInput(message.into())
+}
+
+/// Validates a request and resolves every item, or says what is wrong and how to fix it.
+pub fn request(
+    req: &CheckRequest,
+    policies: &PolicySet,
+    config: &NodeConfig,
+) -> Result<Vec<Resolved>, CheckError> {
+    if req.items.is_empty() {
+        return Err(invalid("a check needs at least one limit and key"));
+    }
+    if req.items.len() > config.max_items {
+        return Err(invalid(format!(
+            "a check may name at most {} limits; {} were given",
+            config.max_items,
+            req.items.len()
+        )));
+    }
+    if let Some(id) = &req.request_id {
+        if id.is_empty() || id.len() > MAX_REQUEST_ID {
+            return Err(invalid(format!(
+                "`request_id` must be 1 to {MAX_REQUEST_ID} bytes"
+            )));
+        }
+    }
+    req.items
+        .iter()
+        .map(|i| item(i, policies, config))
+        .collect()
+}
+
+fn item(
+    item: &CheckItem,
+    policies: &PolicySet,
+    config: &NodeConfig,
+) -> Result<Resolved, CheckError> {
+    if item.key.is_empty() {
+        return Err(invalid(
+            "`key` is empty; send the identity to limit (account, IP, API key)",
+        ));
+    }
+    if item.key.len() > config.max_key_len {
+        return Err(invalid(format!(
+            "`key` is {} bytes; the most accepted is {} (hash long keys)",
+            item.key.len(),
+            config.max_key_len
+        )));
+    }
+    match &item.limit {
+        LimitRef::Named(name) => {
+            let (limit, options) = policies
+                .get(name)
+                .ok_or_else(|| CheckError::UnknownLimit(name.clone(), policies.names()))?;
+            Ok(Resolved {
+                name: name.clone(),
+                key: item.key.clone(),
+                storage_key: format!("{}{}", options.key_prefix, item.key),
+                key_type: options.key_prefix.trim_end_matches(':').to_string(),
+                period_ns: limit.period(),
+                limit: limit.clone(),
+                cost: item.cost,
+                shadow: options.shadow,
+                on_full: options.on_unavailable,
+            })
+        }
+        LimitRef::Inline(spec) => {
+            if !policies.inline.allow {
+                return Err(invalid(
+                    "inline limits are disabled by the policy file; set `[inline] allow = true` or name a limit of the file",
+                ));
+            }
+            let burst = spec.burst.unwrap_or(spec.limit);
+            let limit = Limit::new(spec.algorithm, spec.limit, spec.period_ns, burst)
+                .map_err(|e| invalid(format!("inline limit: {e}")))?;
+            // The parameters are part of the key, so two inline limits never share state.
+            let prefix = format!(
+                "inline:{}:{}:{}:{}:",
+                spec.algorithm, spec.limit, spec.period_ns, burst
+            );
+            Ok(Resolved {
+                name: "inline".into(),
+                key: item.key.clone(),
+                storage_key: format!("{prefix}{}", item.key),
+                key_type: "inline".into(),
+                period_ns: spec.period_ns,
+                limit,
+                cost: item.cost,
+                shadow: false,
+                on_full: OnUnavailable::Deny,
+            })
+        }
+    }
+}

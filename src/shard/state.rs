@@ -1,0 +1,398 @@
+//! A shard's state and the deterministic function that changes it.
+//!
+//! [`ShardState::apply`] is the state machine: the same batches in the same order give the
+//! same state and the same answers on every replica. It reads no clock (time comes in the
+//! batch) and its decisions never depend on hash-table iteration order.
+
+use super::command::{Applied, Batch, Command};
+use crate::limiter::{Decision, KeyState, Limit, Nanos, Outcome, SECOND};
+use crate::policy::OnUnavailable;
+use std::collections::{HashMap, VecDeque};
+
+/// A key's state and the limit that last decided it (eviction asks the limit whether the
+/// state is fresh).
+#[derive(Debug, Clone)]
+struct Entry {
+    limit: Limit,
+    state: KeyState,
+}
+
+/// Remembered answers for request ids, expiring after the horizon (oldest first).
+#[derive(Debug, Default)]
+struct Idempotency {
+    answers: HashMap<String, Decision>,
+    expiry: VecDeque<(Nanos, String)>,
+}
+
+/// The bounds a shard keeps.
+#[derive(Debug, Clone, Copy)]
+pub struct Bounds {
+    /// Most keys this shard holds.
+    pub max_keys: u64,
+    /// How long a request id's answer is remembered, in shard time.
+    pub idempotency_horizon: Nanos,
+    /// Most request ids remembered at once; beyond it the oldest is forgotten early.
+    pub max_request_ids: usize,
+}
+
+#[derive(Debug)]
+pub struct ShardState {
+    keys: HashMap<String, Entry>,
+    ids: Idempotency,
+    bounds: Bounds,
+    /// The time of the last applied batch.
+    time: Nanos,
+}
+
+/// The answer to a new key at the key cap, per the limit's `on_unavailable`.
+/// `local` has no other node to share with, so it answers like `deny`.
+fn at_cap(limit: &Limit, on_full: OnUnavailable) -> Decision {
+    let allowed = on_full == OnUnavailable::Allow;
+    Decision {
+        outcome: if allowed {
+            Outcome::Allowed
+        } else {
+            Outcome::Denied
+        },
+        limit: limit.capacity(),
+        remaining: 0,
+        reset_after: 0,
+        // Keys are evicted continuously; a second is the soonest a slot is likely free.
+        retry_after: if allowed { 0 } else { SECOND },
+        delay: 0,
+    }
+}
+
+impl ShardState {
+    pub fn new(bounds: Bounds) -> Self {
+        ShardState {
+            keys: HashMap::new(),
+            ids: Idempotency::default(),
+            bounds,
+            time: 0,
+        }
+    }
+
+    /// The time of the last applied batch: where a new owner's shard time continues from.
+    pub fn time(&self) -> Nanos {
+        self.time
+    }
+
+    pub fn len(&self) -> usize {
+        self.keys.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.keys.is_empty()
+    }
+
+    /// Applies a batch; one result per command, in order.
+    pub fn apply(&mut self, batch: &Batch) -> Vec<Applied> {
+        // Shard time never runs backwards, whatever the batch says.
+        self.time = self.time.max(batch.time);
+        let now = self.time;
+        self.expire_ids(now);
+        batch
+            .commands
+            .iter()
+            .map(|c| self.apply_one(c, now))
+            .collect()
+    }
+
+    fn apply_one(&mut self, command: &Command, now: Nanos) -> Applied {
+        match command {
+            Command::Check {
+                key,
+                limit,
+                cost,
+                request_id,
+                on_full,
+            } => {
+                if let Some(d) = request_id.as_ref().and_then(|id| self.ids.answers.get(id)) {
+                    return Applied::Decided {
+                        decision: *d,
+                        replayed: true,
+                        fallback: false,
+                        at: now,
+                    };
+                }
+                let (decision, fallback) = self.decide(key, limit, *cost, *on_full, now);
+                if let Some(id) = request_id {
+                    self.remember(id, decision, now);
+                }
+                Applied::Decided {
+                    decision,
+                    replayed: false,
+                    fallback,
+                    at: now,
+                }
+            }
+            Command::Refund {
+                key,
+                limit,
+                cost,
+                admitted_at,
+            } => {
+                if let Some(e) = self.keys.get_mut(key) {
+                    limit.refund(&mut e.state, *admitted_at, *cost);
+                }
+                Applied::Refunded
+            }
+            Command::Evict => {
+                let before = self.keys.len();
+                self.keys.retain(|_, e| !e.limit.is_fresh(&e.state, now));
+                Applied::Evicted((before - self.keys.len()) as u64)
+            }
+        }
+    }
+
+    fn decide(
+        &mut self,
+        key: &str,
+        limit: &Limit,
+        cost: u64,
+        on_full: OnUnavailable,
+        now: Nanos,
+    ) -> (Decision, bool) {
+        if let Some(e) = self.keys.get_mut(key) {
+            e.limit = limit.clone();
+            return (limit.decide(&mut e.state, now, cost), false);
+        }
+        let mut state = limit.new_state();
+        let decision = limit.decide(&mut state, now, cost);
+        if limit.is_fresh(&state, now) {
+            // Nothing to remember (a peek, a denial): the key stays "never seen".
+            return (decision, false);
+        }
+        if self.keys.len() as u64 >= self.bounds.max_keys {
+            return (at_cap(limit, on_full), true);
+        }
+        self.keys.insert(
+            key.to_owned(),
+            Entry {
+                limit: limit.clone(),
+                state,
+            },
+        );
+        (decision, false)
+    }
+
+    fn remember(&mut self, id: &str, decision: Decision, now: Nanos) {
+        if self.ids.answers.len() >= self.bounds.max_request_ids {
+            if let Some((_, oldest)) = self.ids.expiry.pop_front() {
+                self.ids.answers.remove(&oldest);
+            }
+        }
+        self.ids.answers.insert(id.to_owned(), decision);
+        self.ids.expiry.push_back((
+            now.saturating_add(self.bounds.idempotency_horizon),
+            id.to_owned(),
+        ));
+    }
+
+    fn expire_ids(&mut self, now: Nanos) {
+        while let Some((at, _)) = self.ids.expiry.front() {
+            if *at > now {
+                break;
+            }
+            if let Some((_, id)) = self.ids.expiry.pop_front() {
+                self.ids.answers.remove(&id);
+            }
+        }
+    }
+
+    /// An order-independent digest of the state (keys sorted), for comparing replicas.
+    pub fn digest(&self) -> u64 {
+        let mut keys: Vec<_> = self.keys.iter().collect();
+        keys.sort_by(|a, b| a.0.cmp(b.0));
+        let bytes = bincode::serde::encode_to_vec(
+            keys.iter().map(|(k, e)| (k, &e.state)).collect::<Vec<_>>(),
+            bincode::config::standard(),
+        )
+        .unwrap_or_default();
+        super::route::fnv1a(&bytes)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::limiter::Algorithm;
+
+    fn bounds(max_keys: u64) -> Bounds {
+        Bounds {
+            max_keys,
+            idempotency_horizon: 10 * SECOND,
+            max_request_ids: 1000,
+        }
+    }
+
+    fn check(key: &str, limit: &Limit, cost: u64, id: Option<&str>) -> Command {
+        Command::Check {
+            key: key.into(),
+            limit: limit.clone(),
+            cost,
+            request_id: id.map(Into::into),
+            on_full: OnUnavailable::Deny,
+        }
+    }
+
+    fn decided(a: &Applied) -> Decision {
+        match a {
+            Applied::Decided { decision, .. } => *decision,
+            other => panic!("not a decision: {other:?}"),
+        }
+    }
+
+    fn tb() -> Limit {
+        Limit::new(Algorithm::TokenBucket, 1, SECOND, 2).unwrap()
+    }
+
+    #[test]
+    fn a_retry_with_the_same_request_id_gets_the_first_answer_and_consumes_nothing() {
+        let mut s = ShardState::new(bounds(10));
+        let b = |t, id| Batch {
+            time: t,
+            commands: vec![check("k", &tb(), 1, Some(id))],
+        };
+        let first = s.apply(&b(0, "r1"));
+        let again = s.apply(&b(1, "r1"));
+        assert_eq!(decided(&first[0]), decided(&again[0]));
+        assert!(matches!(again[0], Applied::Decided { replayed: true, .. }));
+        // Only one token was spent: one is left.
+        let peek = s.apply(&Batch {
+            time: 1,
+            commands: vec![check("k", &tb(), 0, None)],
+        });
+        assert_eq!(decided(&peek[0]).remaining, 1);
+    }
+
+    #[test]
+    fn a_request_id_is_forgotten_after_the_horizon() {
+        let mut s = ShardState::new(bounds(10));
+        s.apply(&Batch {
+            time: 0,
+            commands: vec![check("k", &tb(), 1, Some("r"))],
+        });
+        let later = s.apply(&Batch {
+            time: 11 * SECOND,
+            commands: vec![check("k", &tb(), 1, Some("r"))],
+        });
+        assert!(matches!(
+            later[0],
+            Applied::Decided {
+                replayed: false,
+                ..
+            }
+        ));
+    }
+
+    #[test]
+    fn at_the_key_cap_new_keys_get_the_fallback_and_existing_keys_keep_working() {
+        let mut s = ShardState::new(bounds(1));
+        s.apply(&Batch {
+            time: 0,
+            commands: vec![check("a", &tb(), 1, None)],
+        });
+        let r = s.apply(&Batch {
+            time: 0,
+            commands: vec![check("b", &tb(), 1, None), check("a", &tb(), 1, None)],
+        });
+        assert!(matches!(r[0], Applied::Decided { fallback: true, .. }));
+        assert!(!decided(&r[0]).allowed());
+        assert!(decided(&r[1]).allowed());
+        assert_eq!(s.len(), 1);
+    }
+
+    #[test]
+    fn peeks_and_denials_of_new_keys_store_nothing() {
+        let mut s = ShardState::new(bounds(10));
+        s.apply(&Batch {
+            time: 0,
+            commands: vec![check("a", &tb(), 0, None), check("b", &tb(), 3, None)],
+        });
+        assert!(s.is_empty());
+    }
+
+    #[test]
+    fn eviction_drops_only_keys_that_are_as_if_never_seen() {
+        let mut s = ShardState::new(bounds(10));
+        s.apply(&Batch {
+            time: 0,
+            commands: vec![check("a", &tb(), 2, None)],
+        });
+        s.apply(&Batch {
+            time: SECOND,
+            commands: vec![check("b", &tb(), 2, None)],
+        });
+        // At 2 s, "a" has refilled both tokens (fresh); "b" still misses one.
+        let r = s.apply(&Batch {
+            time: 2 * SECOND,
+            commands: vec![Command::Evict],
+        });
+        assert_eq!(r[0], Applied::Evicted(1));
+        assert_eq!(s.len(), 1);
+        let d = s.apply(&Batch {
+            time: 2 * SECOND,
+            commands: vec![check("b", &tb(), 0, None)],
+        });
+        assert_eq!(decided(&d[0]).remaining, 1, "b kept its state");
+    }
+
+    #[test]
+    fn a_refund_gives_back_what_was_admitted() {
+        let mut s = ShardState::new(bounds(10));
+        s.apply(&Batch {
+            time: 5,
+            commands: vec![check("a", &tb(), 2, None)],
+        });
+        s.apply(&Batch {
+            time: 5,
+            commands: vec![Command::Refund {
+                key: "a".into(),
+                limit: tb(),
+                cost: 2,
+                admitted_at: 5,
+            }],
+        });
+        let d = s.apply(&Batch {
+            time: 5,
+            commands: vec![check("a", &tb(), 2, None)],
+        });
+        assert!(decided(&d[0]).allowed());
+    }
+
+    #[test]
+    fn replicas_applying_the_same_batches_reach_the_same_digest() {
+        let batches: Vec<Batch> = (0..50)
+            .map(|i| Batch {
+                time: i * 100_000_000,
+                commands: vec![
+                    check(&format!("k{}", i % 7), &tb(), 1 + i % 2, None),
+                    Command::Evict,
+                ],
+            })
+            .collect();
+        let (mut a, mut b) = (ShardState::new(bounds(100)), ShardState::new(bounds(100)));
+        for batch in &batches {
+            let decoded = Batch::decode(&batch.encode()).unwrap();
+            assert_eq!(a.apply(batch), b.apply(&decoded));
+        }
+        assert_eq!(a.digest(), b.digest());
+        assert_ne!(a.digest(), ShardState::new(bounds(100)).digest());
+    }
+
+    #[test]
+    fn shard_time_never_runs_backwards() {
+        let mut s = ShardState::new(bounds(10));
+        s.apply(&Batch {
+            time: 100,
+            commands: vec![],
+        });
+        s.apply(&Batch {
+            time: 50,
+            commands: vec![],
+        });
+        assert_eq!(s.time(), 100);
+    }
+}

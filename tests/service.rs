@@ -1,0 +1,282 @@
+//! The node's decision path end to end, below the protocols: real shard actors, a manual clock.
+
+use quorate::clock::ManualClock;
+use quorate::config::NodeConfig;
+use quorate::limiter::{Outcome, SECOND};
+use quorate::policy::PolicySet;
+use quorate::service::{CheckError, CheckItem, CheckRequest, InlineLimit, LimitRef, Service};
+use std::sync::Arc;
+
+const POLICIES: &str = r#"
+[limits.account]
+algorithm = "token_bucket"
+limit = 1
+period = "1s"
+burst = 2
+
+[limits.ip]
+algorithm = "fixed_window"
+limit = 3
+period = "1m"
+
+[limits.trial]
+algorithm = "fixed_window"
+limit = 1
+period = "1m"
+shadow = true
+
+[limits.open]
+algorithm = "gcra"
+limit = 1
+period = "1s"
+on_unavailable = "allow"
+"#;
+
+async fn start(config: NodeConfig) -> (Service, Arc<ManualClock>) {
+    let clock = Arc::new(ManualClock::new(0));
+    let policies = PolicySet::from_toml(POLICIES).unwrap();
+    let service = Service::start(config, policies, clock.clone())
+        .await
+        .unwrap();
+    (service, clock)
+}
+
+fn item(limit: &str, key: &str, cost: u64) -> CheckItem {
+    CheckItem {
+        limit: LimitRef::Named(limit.into()),
+        key: key.into(),
+        cost,
+    }
+}
+
+fn req(items: Vec<CheckItem>) -> CheckRequest {
+    CheckRequest {
+        items,
+        request_id: None,
+    }
+}
+
+async fn remaining(s: &Service, limit: &str, key: &str) -> u64 {
+    s.check(req(vec![item(limit, key, 0)])).await.unwrap().items[0]
+        .decision
+        .remaining
+}
+
+#[tokio::test]
+async fn a_check_of_several_limits_consumes_nothing_when_one_denies() {
+    let (s, _) = start(NodeConfig::default()).await;
+    // Spend the account's two tokens, then ask for account AND ip: the account denies.
+    assert!(
+        s.check(req(vec![item("account", "alice", 2)]))
+            .await
+            .unwrap()
+            .allowed
+    );
+    let r = s
+        .check(req(vec![
+            item("ip", "10.0.0.1", 1),
+            item("account", "alice", 1),
+        ]))
+        .await
+        .unwrap();
+    assert!(!r.allowed);
+    assert!(
+        r.items[0].decision.allowed(),
+        "ip admitted on its own shard first"
+    );
+    assert_eq!(remaining(&s, "ip", "10.0.0.1").await, 3, "and was refunded");
+}
+
+#[tokio::test]
+async fn the_items_of_a_check_land_on_different_shards() {
+    let (s, _) = start(NodeConfig::default()).await;
+    // The all-or-nothing test above only means something if the keys are on two shards.
+    assert_ne!(s.shard_of("ip:10.0.0.1"), s.shard_of("account:alice"));
+}
+
+#[tokio::test]
+async fn a_retried_request_id_returns_the_first_answer_and_consumes_once() {
+    let (s, _) = start(NodeConfig::default()).await;
+    let mut r = req(vec![item("account", "bob", 1)]);
+    r.request_id = Some("retry-1".into());
+    let first = s.check(r.clone()).await.unwrap();
+    let again = s.check(r).await.unwrap();
+    assert_eq!(first, again);
+    assert_eq!(remaining(&s, "account", "bob").await, 1);
+}
+
+#[tokio::test]
+async fn pipelined_checks_are_answered_once_each_in_order() {
+    let (s, _) = start(NodeConfig::default()).await;
+    let reqs: Vec<_> = (0..5).map(|_| req(vec![item("ip", "pipe", 1)])).collect();
+    let answers = s.check_many(reqs).await;
+    let allowed: Vec<bool> = answers
+        .iter()
+        .map(|a| a.as_ref().unwrap().allowed)
+        .collect();
+    assert_eq!(allowed, [true, true, true, false, false]);
+}
+
+#[tokio::test]
+async fn bad_input_is_refused_and_changes_no_state() {
+    let (s, _) = start(NodeConfig::default()).await;
+    let long = "k".repeat(NodeConfig::default().max_key_len + 1);
+    for bad in [
+        req(vec![]),
+        req(vec![item("ip", "", 1)]),
+        req(vec![item("ip", &long, 1)]),
+        req(vec![item("ip", "x", 1), item("nope", "x", 1)]),
+        req((0..17).map(|_| item("ip", "x", 1)).collect()),
+    ] {
+        let e = s.check(bad).await.unwrap_err();
+        assert!(
+            matches!(
+                e,
+                CheckError::InvalidInput(_) | CheckError::UnknownLimit(..)
+            ),
+            "{e}"
+        );
+    }
+    assert_eq!(remaining(&s, "ip", "x").await, 3);
+    assert_eq!(s.status().keys, 0);
+}
+
+#[tokio::test]
+async fn a_shadow_limit_decides_and_counts_but_always_admits() {
+    let (s, _) = start(NodeConfig::default()).await;
+    for _ in 0..3 {
+        let r = s.check(req(vec![item("trial", "t", 1)])).await.unwrap();
+        assert!(r.allowed);
+    }
+    let r = s.check(req(vec![item("trial", "t", 1)])).await.unwrap();
+    assert_eq!(r.items[0].decision.outcome, Outcome::Denied);
+    assert!(r.items[0].shadow && r.allowed);
+    assert!(s
+        .metrics()
+        .render()
+        .contains(r#"quorate_decisions_total{outcome="shadow_denied",policy="trial"}"#));
+}
+
+#[tokio::test]
+async fn at_the_key_cap_new_keys_get_the_failure_answer_and_old_keys_keep_working() {
+    let config = NodeConfig {
+        max_keys: 16,
+        shards: 16,
+        ..NodeConfig::default()
+    };
+    let (s, _) = start(config).await;
+    // One key per shard fills every shard's share of the cap.
+    let mut held = Vec::new();
+    for i in 0..2000 {
+        let key = format!("k{i}");
+        let r = s.check(req(vec![item("ip", &key, 1)])).await.unwrap();
+        if r.allowed {
+            held.push(key);
+        } else {
+            assert!(r.items[0].fallback);
+        }
+    }
+    assert_eq!(held.len(), 16);
+    assert_eq!(s.status().keys, 16);
+    assert!(
+        s.check(req(vec![item("ip", &held[0], 1)]))
+            .await
+            .unwrap()
+            .allowed
+    );
+    // `on_unavailable = "allow"` admits new keys at the cap.
+    let r = s
+        .check(req(vec![item("open", "new-key", 1)]))
+        .await
+        .unwrap();
+    assert!(r.allowed && r.items[0].fallback);
+    assert!(s
+        .metrics()
+        .render()
+        .contains("quorate_key_cap_rejections_total 1985"));
+}
+
+#[tokio::test]
+async fn keys_whose_state_is_as_if_never_seen_are_evicted_and_no_others() {
+    let (s, clock) = start(NodeConfig::default()).await;
+    s.check(req(vec![item("account", "a", 2)])).await.unwrap();
+    s.check(req(vec![item("ip", "b", 1)])).await.unwrap();
+    clock.advance(2 * SECOND);
+    // The bucket refilled (fresh); the minute window still counts 1.
+    assert_eq!(s.evict().await, 1);
+    assert_eq!(s.status().keys, 1);
+    assert_eq!(remaining(&s, "ip", "b").await, 2);
+}
+
+#[tokio::test]
+async fn a_crashed_shard_actor_is_restarted_on_its_state_and_counted() {
+    let (s, _) = start(NodeConfig::default()).await;
+    s.check(req(vec![item("ip", "c", 2)])).await.unwrap();
+    let shard = s.shard_of("ip:c");
+    s.crash_shard(shard);
+    let mut restarted = false;
+    for _ in 0..100 {
+        tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+        if s.status().shards[shard as usize].restarts == 1 {
+            restarted = true;
+            break;
+        }
+    }
+    assert!(restarted, "the supervisor restarted the shard");
+    assert_eq!(
+        remaining(&s, "ip", "c").await,
+        1,
+        "state survived the crash"
+    );
+    assert!(s
+        .metrics()
+        .render()
+        .contains("quorate_shard_restarts_total 1"));
+}
+
+#[tokio::test]
+async fn inline_limits_follow_the_policy_file() {
+    let (s, _) = start(NodeConfig::default()).await;
+    let inline = CheckItem {
+        limit: LimitRef::Inline(InlineLimit {
+            algorithm: quorate::limiter::Algorithm::Gcra,
+            limit: 30,
+            period_ns: 60 * SECOND,
+            burst: Some(16),
+        }),
+        key: "user123".into(),
+        cost: 1,
+    };
+    // POLICIES has no [inline] table: inline limits are refused.
+    let e = s.check(req(vec![inline.clone()])).await.unwrap_err();
+    assert!(e.to_string().contains("[inline] allow = true"), "{e}");
+    let clock = Arc::new(ManualClock::new(0));
+    let s = Service::start(NodeConfig::default(), PolicySet::default_policies(), clock)
+        .await
+        .unwrap();
+    let r = s.check(req(vec![inline])).await.unwrap();
+    assert_eq!(
+        (r.items[0].decision.limit, r.items[0].decision.remaining),
+        (16, 15)
+    );
+}
+
+#[tokio::test]
+async fn a_reload_keeps_state_and_an_invalid_file_changes_nothing() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("quorate.toml");
+    std::fs::write(&path, POLICIES).unwrap();
+    let config = NodeConfig {
+        policies: Some(path.clone()),
+        ..NodeConfig::default()
+    };
+    let (s, _) = start(config).await;
+    s.check(req(vec![item("ip", "r", 2)])).await.unwrap();
+    std::fs::write(&path, POLICIES.replace("limit = 3", "limit = 5")).unwrap();
+    let report = s.reload().unwrap();
+    assert_eq!(report.changed, ["ip"]);
+    assert_eq!(remaining(&s, "ip", "r").await, 3, "5 - 2 already spent");
+    std::fs::write(&path, "[limits.broken]\nalgorithm = \"x\"").unwrap();
+    assert!(s.reload().is_err());
+    assert_eq!(s.policies().limits.len(), 4);
+}
