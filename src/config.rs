@@ -64,3 +64,199 @@ impl Default for NodeConfig {
         }
     }
 }
+
+/// The node's settings as the CLI and a config file give them: every field optional, so a
+/// flag (or its environment variable) wins over the config file, which wins over the
+/// defaults. The same struct is the clap arguments and the config file's schema.
+#[derive(Debug, Clone, Default, clap::Args, serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct NodeOptions {
+    /// Address of the HTTP/JSON API [default: 127.0.0.1:8080].
+    #[arg(long, env = "QUORATE_HTTP_ADDR")]
+    pub http_addr: Option<SocketAddr>,
+    /// Address of the RESP (Redis protocol) API [default: 127.0.0.1:6380].
+    #[arg(long, env = "QUORATE_RESP_ADDR")]
+    pub resp_addr: Option<SocketAddr>,
+    /// Data directory (state persistence arrives with the cluster; created if missing).
+    #[arg(long, env = "QUORATE_DATA_DIR")]
+    pub data_dir: Option<PathBuf>,
+    /// Policy file [default: ./quorate.toml if present, else the built-in defaults].
+    #[arg(long, env = "QUORATE_POLICIES")]
+    pub policies: Option<PathBuf>,
+    /// Number of shards [default: 16].
+    #[arg(long, env = "QUORATE_SHARDS")]
+    pub shards: Option<u32>,
+    /// Most keys held by the node; new keys beyond get their limit's on_unavailable answer
+    /// [default: 10000000].
+    #[arg(long, env = "QUORATE_MAX_KEYS")]
+    pub max_keys: Option<u64>,
+    /// Longest key, in bytes [default: 512].
+    #[arg(long, env = "QUORATE_MAX_KEY_LEN")]
+    pub max_key_len: Option<usize>,
+    /// Most limits one check may name [default: 16].
+    #[arg(long, env = "QUORATE_MAX_ITEMS")]
+    pub max_items: Option<usize>,
+    /// Largest HTTP body, in bytes; larger gets 413 [default: 65536].
+    #[arg(long, env = "QUORATE_MAX_BODY_BYTES")]
+    pub max_body_bytes: Option<usize>,
+    /// Largest RESP bulk string or inline command, in bytes [default: 65536].
+    #[arg(long, env = "QUORATE_MAX_FRAME_BYTES")]
+    pub max_frame_bytes: Option<usize>,
+    /// Most concurrent connections per API [default: 10000].
+    #[arg(long, env = "QUORATE_MAX_CONNECTIONS")]
+    pub max_connections: Option<usize>,
+    /// Idle connections close after this long, e.g. "300s" [default: 300s].
+    #[arg(long, env = "QUORATE_IDLE_TIMEOUT")]
+    pub idle_timeout: Option<String>,
+    /// How long a request id is remembered for idempotent retries [default: 60s].
+    #[arg(long, env = "QUORATE_IDEMPOTENCY_HORIZON")]
+    pub idempotency_horizon: Option<String>,
+    /// How often keys as if never seen are dropped [default: 1s].
+    #[arg(long, env = "QUORATE_EVICTION_INTERVAL")]
+    pub eviction_interval: Option<String>,
+    /// Longest wait for a shard before answering unavailable [default: 500ms].
+    #[arg(long, env = "QUORATE_SHARD_TIMEOUT")]
+    pub shard_timeout: Option<String>,
+    /// Fraction of decisions logged, 0.0 to 1.0 [default: 0].
+    #[arg(long, env = "QUORATE_LOG_SAMPLE")]
+    pub log_sample: Option<f64>,
+}
+
+impl NodeOptions {
+    /// Reads a config file (TOML, the same keys as the flags with underscores).
+    pub fn from_file(path: &std::path::Path) -> Result<Self, String> {
+        let text = std::fs::read_to_string(path)
+            .map_err(|e| format!("cannot read config file {}: {e}", path.display()))?;
+        toml::from_str(&text).map_err(|e| format!("config file {}: {e}", path.display()))
+    }
+
+    /// `self` where set, else `fallback`.
+    pub fn or(self, fallback: NodeOptions) -> NodeOptions {
+        NodeOptions {
+            http_addr: self.http_addr.or(fallback.http_addr),
+            resp_addr: self.resp_addr.or(fallback.resp_addr),
+            data_dir: self.data_dir.or(fallback.data_dir),
+            policies: self.policies.or(fallback.policies),
+            shards: self.shards.or(fallback.shards),
+            max_keys: self.max_keys.or(fallback.max_keys),
+            max_key_len: self.max_key_len.or(fallback.max_key_len),
+            max_items: self.max_items.or(fallback.max_items),
+            max_body_bytes: self.max_body_bytes.or(fallback.max_body_bytes),
+            max_frame_bytes: self.max_frame_bytes.or(fallback.max_frame_bytes),
+            max_connections: self.max_connections.or(fallback.max_connections),
+            idle_timeout: self.idle_timeout.or(fallback.idle_timeout),
+            idempotency_horizon: self.idempotency_horizon.or(fallback.idempotency_horizon),
+            eviction_interval: self.eviction_interval.or(fallback.eviction_interval),
+            shard_timeout: self.shard_timeout.or(fallback.shard_timeout),
+            log_sample: self.log_sample.or(fallback.log_sample),
+        }
+    }
+
+    /// The node configuration these options describe, or what is wrong and how to fix it.
+    pub fn to_config(&self) -> Result<NodeConfig, String> {
+        let d = NodeConfig::default();
+        let duration = |name: &str, v: &Option<String>, default: Duration| match v {
+            None => Ok(default),
+            Some(text) => humantime::parse_duration(text).map_err(|e| {
+                format!(
+                    "`{name}` = \"{text}\" is not a duration ({e}); write e.g. \"500ms\", \"30s\""
+                )
+            }),
+        };
+        let positive = |name: &str, v: u64| {
+            if v == 0 {
+                Err(format!("`{name}` must be at least 1"))
+            } else {
+                Ok(v)
+            }
+        };
+        let log_sample = self.log_sample.unwrap_or(d.decision_log_sample);
+        if !(0.0..=1.0).contains(&log_sample) {
+            return Err(format!(
+                "`log_sample` = {log_sample} must be between 0.0 and 1.0"
+            ));
+        }
+        Ok(NodeConfig {
+            http_addr: self.http_addr.unwrap_or(d.http_addr),
+            resp_addr: self.resp_addr.unwrap_or(d.resp_addr),
+            data_dir: self.data_dir.clone(),
+            policies: self.policies.clone(),
+            shards: positive("shards", self.shards.unwrap_or(d.shards) as u64)? as u32,
+            max_keys: positive("max_keys", self.max_keys.unwrap_or(d.max_keys))?,
+            max_key_len: positive(
+                "max_key_len",
+                self.max_key_len.unwrap_or(d.max_key_len) as u64,
+            )? as usize,
+            max_items: positive("max_items", self.max_items.unwrap_or(d.max_items) as u64)?
+                as usize,
+            max_body_bytes: positive(
+                "max_body_bytes",
+                self.max_body_bytes.unwrap_or(d.max_body_bytes) as u64,
+            )? as usize,
+            max_frame_bytes: positive(
+                "max_frame_bytes",
+                self.max_frame_bytes.unwrap_or(d.max_frame_bytes) as u64,
+            )? as usize,
+            max_connections: positive(
+                "max_connections",
+                self.max_connections.unwrap_or(d.max_connections) as u64,
+            )? as usize,
+            idle_timeout: duration("idle_timeout", &self.idle_timeout, d.idle_timeout)?,
+            idempotency_horizon: duration(
+                "idempotency_horizon",
+                &self.idempotency_horizon,
+                d.idempotency_horizon,
+            )?,
+            eviction_interval: duration(
+                "eviction_interval",
+                &self.eviction_interval,
+                d.eviction_interval,
+            )?,
+            shard_timeout: duration("shard_timeout", &self.shard_timeout, d.shard_timeout)?,
+            decision_log_sample: log_sample,
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn flags_win_over_the_config_file_which_wins_over_defaults() {
+        let file: NodeOptions =
+            toml::from_str("shards = 4\nmax_keys = 100\nidle_timeout = \"5s\"").unwrap();
+        let cli = NodeOptions {
+            shards: Some(8),
+            ..NodeOptions::default()
+        };
+        let c = cli.or(file).to_config().unwrap();
+        assert_eq!((c.shards, c.max_keys), (8, 100));
+        assert_eq!(c.idle_timeout, Duration::from_secs(5));
+        assert_eq!(c.max_key_len, NodeConfig::default().max_key_len);
+    }
+
+    #[test]
+    fn bad_settings_name_the_field_and_the_fix() {
+        let bad = |o: NodeOptions| o.to_config().unwrap_err();
+        assert!(bad(NodeOptions {
+            shards: Some(0),
+            ..Default::default()
+        })
+        .contains("`shards`"));
+        assert!(bad(NodeOptions {
+            idle_timeout: Some("soon".into()),
+            ..Default::default()
+        })
+        .contains("500ms"));
+        assert!(bad(NodeOptions {
+            log_sample: Some(2.0),
+            ..Default::default()
+        })
+        .contains("log_sample"));
+        assert!(toml::from_str::<NodeOptions>("shardz = 3")
+            .unwrap_err()
+            .to_string()
+            .contains("shardz"));
+    }
+}

@@ -13,11 +13,14 @@
 //! - `service/` — the node's application API: validate, route to shards, all-or-nothing.
 //! - `main.rs` — the thin CLI.
 
+pub mod api;
+pub mod client;
 pub mod clock;
 pub mod config;
 pub mod limiter;
 pub mod metrics;
 pub mod net;
+pub mod node;
 pub mod policy;
 pub mod service;
 pub mod shard;

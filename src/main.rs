@@ -3,6 +3,7 @@
 //! with exit code 2 for bad input and 1 for failures to write output.
 
 use clap::{Args, Parser, Subcommand};
+use quorate::config::NodeOptions;
 use quorate::sim::{self, Report, SimError};
 use std::io::Write;
 use std::path::PathBuf;
@@ -23,6 +24,13 @@ struct Cli {
 
 #[derive(Debug, Subcommand)]
 enum Command {
+    /// Run one quorate node: the RESP and HTTP APIs over sharded, actor-owned limiter state.
+    #[command(long_about = "Run one quorate node.\n\n\
+        Serves RESP (Redis protocol, with redis-cell's CL.THROTTLE) and HTTP/JSON. Settings come \
+        from flags, their environment variables, a --config file (TOML, the same keys with \
+        underscores), then the defaults, in that order. SIGHUP or POST /v1/admin/reload \
+        re-reads the policy file without dropping state; Ctrl-C or SIGTERM stops gracefully.")]
+    Node(Box<NodeArgs>),
     /// Simulate workloads against the rate-limiting algorithms and compare what they admit.
     #[command(
         long_about = "Simulate workloads against the rate-limiting algorithms.\n\n\
@@ -34,6 +42,18 @@ enum Command {
             sliding_log and sliding_counter; token_bucket and gcra at 10/s with capacity 20."
     )]
     Sim(SimArgs),
+}
+
+#[derive(Debug, Args)]
+struct NodeArgs {
+    /// A config file (TOML) with any of the settings below; flags and env vars win over it.
+    #[arg(long, env = "QUORATE_CONFIG")]
+    config: Option<PathBuf>,
+    /// Log filter, e.g. "info" or "quorate=debug" (RUST_LOG syntax).
+    #[arg(long, env = "QUORATE_LOG", default_value = "info")]
+    log: String,
+    #[command(flatten)]
+    options: NodeOptions,
 }
 
 #[derive(Debug, Args)]
@@ -154,23 +174,30 @@ fn main() -> ExitCode {
     }
 }
 
-/// Why the command failed: a simulation error or a failure to write to stdout.
+/// Why the command failed: a simulation error, bad settings, a node failure, or a failure
+/// to write to stdout.
 #[derive(Debug, thiserror::Error)]
 enum CliError {
     #[error(transparent)]
     Sim(#[from] SimError),
+    #[error("{0}")]
+    Settings(String),
+    #[error("node: {0}")]
+    Node(String),
     #[error("cannot write output: {0}")]
     Output(#[from] std::io::Error),
 }
 
 impl CliError {
     fn is_bad_input(&self) -> bool {
-        matches!(self, CliError::Sim(e) if e.is_bad_input())
+        matches!(self, CliError::Settings(_))
+            || matches!(self, CliError::Sim(e) if e.is_bad_input())
     }
 }
 
 fn run(cli: Cli) -> Result<(), CliError> {
     match cli.command {
+        Command::Node(args) => node::run(*args),
         Command::Sim(args) => {
             let (report, output) = match args.scenario {
                 Scenario::Replay(a) => (
@@ -216,5 +243,88 @@ fn emit(report: &Report, output: &OutputArgs) -> Result<(), CliError> {
         // A closed pipe (`| head`) is the reader's choice, not an error.
         Err(e) if e.kind() == std::io::ErrorKind::BrokenPipe => Ok(()),
         other => Ok(other?),
+    }
+}
+
+mod node {
+    //! `quorate node`: settings, logging, sockets and signals around `quorate::node`.
+
+    use super::{CliError, NodeArgs};
+    use quorate::clock::SystemClock;
+    use quorate::config::NodeOptions;
+    use quorate::net::tcp::TcpListener;
+    use quorate::policy::PolicySet;
+    use std::path::Path;
+    use std::sync::Arc;
+
+    pub fn run(args: NodeArgs) -> Result<(), CliError> {
+        let file = match &args.config {
+            Some(path) => NodeOptions::from_file(path).map_err(CliError::Settings)?,
+            None => NodeOptions::default(),
+        };
+        let mut options = args.options.or(file);
+        if options.policies.is_none() && Path::new("quorate.toml").is_file() {
+            options.policies = Some("quorate.toml".into());
+        }
+        let config = options.to_config().map_err(CliError::Settings)?;
+        let policies = match &config.policies {
+            Some(path) => PolicySet::load(path).map_err(|e| CliError::Settings(e.to_string()))?,
+            None => PolicySet::default_policies(),
+        };
+        if let Some(dir) = &config.data_dir {
+            std::fs::create_dir_all(dir).map_err(|e| {
+                CliError::Settings(format!("cannot create data dir {}: {e}", dir.display()))
+            })?;
+        }
+        let filter = tracing_subscriber::EnvFilter::try_new(&args.log)
+            .map_err(|e| CliError::Settings(format!("--log \"{}\": {e}", args.log)))?;
+        tracing_subscriber::fmt()
+            .with_env_filter(filter)
+            .with_writer(std::io::stderr)
+            .init();
+        let runtime = tokio::runtime::Runtime::new().map_err(|e| CliError::Node(e.to_string()))?;
+        runtime
+            .block_on(serve(config, policies))
+            .map_err(|e| CliError::Node(e.to_string()))
+    }
+
+    async fn serve(
+        config: quorate::config::NodeConfig,
+        policies: PolicySet,
+    ) -> std::io::Result<()> {
+        use tokio::signal::unix::{signal, SignalKind};
+        let bind = |addr| async move {
+            TcpListener::bind(addr)
+                .await
+                .map_err(|e| std::io::Error::new(e.kind(), format!("cannot listen on {addr}: {e}")))
+        };
+        let http = bind(config.http_addr).await?;
+        let resp = bind(config.resp_addr).await?;
+        let source = match &config.policies {
+            Some(p) => p.display().to_string(),
+            None => "built-in defaults".into(),
+        };
+        let node =
+            quorate::node::Node::start(config, policies, Arc::new(SystemClock::new()), http, resp)
+                .await?;
+        println!(
+            "quorate node serving: HTTP http://{}  RESP {}  (policies: {source}; Ctrl-C stops)",
+            node.http_addr(),
+            node.resp_addr()
+        );
+        let mut hangup = signal(SignalKind::hangup())?;
+        let mut terminate = signal(SignalKind::terminate())?;
+        loop {
+            tokio::select! {
+                biased;
+                _ = tokio::signal::ctrl_c() => break,
+                _ = terminate.recv() => break,
+                _ = hangup.recv() => {
+                    // reload() logs the outcome and keeps the old policies on error.
+                    let _ = node.service().reload();
+                }
+            }
+        }
+        node.stop().await
     }
 }

@@ -1,0 +1,129 @@
+//! Refusals: every 4xx (and the 503) is answered the same way — a JSON `{"error", "reason"}`
+//! body that names the field and the fix, an `info` log line saying why, and a count in
+//! `quorate_bad_requests_total{api="http",reason}` — so an operator can always tell why a
+//! client was turned away, and `reason` stays a small fixed set of labels.
+
+use crate::metrics::Metrics;
+use axum::http::header::{CACHE_CONTROL, RETRY_AFTER};
+use axum::http::{HeaderValue, StatusCode};
+use axum::response::{IntoResponse, Response};
+use axum::Json;
+use serde::Serialize;
+
+/// Longest piece of client input quoted back in an error message or a log line.
+const MAX_QUOTE_CHARS: usize = 64;
+
+/// A request refused before (or instead of) a decision.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Reject {
+    pub status: StatusCode,
+    /// The metric label: a fixed, small set of names.
+    pub reason: &'static str,
+    /// What was wrong and how to fix it.
+    pub message: String,
+}
+
+#[derive(Serialize)]
+struct ErrorBody<'a> {
+    error: &'a str,
+    reason: &'a str,
+}
+
+impl Reject {
+    pub fn new(status: StatusCode, reason: &'static str, message: impl Into<String>) -> Self {
+        Reject {
+            status,
+            reason,
+            message: message.into(),
+        }
+    }
+
+    /// A 400 Bad Request.
+    pub fn bad(reason: &'static str, message: impl Into<String>) -> Self {
+        Self::new(StatusCode::BAD_REQUEST, reason, message)
+    }
+
+    /// Logs and counts the refusal, and renders it.
+    pub fn respond(self, metrics: &Metrics, route: &str) -> Response {
+        if self.status.is_client_error() {
+            tracing::info!(
+                api = "http",
+                route,
+                status = self.status.as_u16(),
+                reason = self.reason,
+                "request refused: {}",
+                self.message
+            );
+            metrics
+                .bad_requests
+                .with_label_values(&["http", self.reason])
+                .inc();
+        } else {
+            tracing::warn!(
+                api = "http",
+                route,
+                status = self.status.as_u16(),
+                reason = self.reason,
+                "request not decided: {}",
+                self.message
+            );
+        }
+        self.into_response()
+    }
+}
+
+impl IntoResponse for Reject {
+    fn into_response(self) -> Response {
+        let body = ErrorBody {
+            error: &self.message,
+            reason: self.reason,
+        };
+        let mut resp = (self.status, Json(body)).into_response();
+        let headers = resp.headers_mut();
+        headers.insert(CACHE_CONTROL, HeaderValue::from_static("no-store"));
+        if self.status == StatusCode::SERVICE_UNAVAILABLE {
+            headers.insert(RETRY_AFTER, HeaderValue::from_static("1"));
+        }
+        resp
+    }
+}
+
+/// Client input quoted for a message: Rust-escaped (no control characters reach a log
+/// line) and cut to a bounded length.
+pub fn quote(text: &str) -> String {
+    let mut cut: String = text.chars().take(MAX_QUOTE_CHARS).collect();
+    if cut.len() < text.len() {
+        cut.push('…');
+    }
+    format!("{cut:?}")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn quoted_input_is_escaped_and_bounded() {
+        assert_eq!(quote("a\nb"), "\"a\\nb\"");
+        assert!(quote(&"x".repeat(10_000)).chars().count() < MAX_QUOTE_CHARS + 8);
+    }
+
+    #[test]
+    fn a_refusal_is_counted_under_its_reason() {
+        let m = Metrics::new();
+        let r = Reject::bad("empty_key", "`key` is empty").respond(&m, "/v1/check");
+        assert_eq!(r.status(), StatusCode::BAD_REQUEST);
+        assert_eq!(
+            m.bad_requests
+                .with_label_values(&["http", "empty_key"])
+                .get(),
+            1
+        );
+    }
+
+    #[test]
+    fn unavailable_asks_for_a_retry_in_a_second() {
+        let r = Reject::new(StatusCode::SERVICE_UNAVAILABLE, "unavailable", "down").into_response();
+        assert_eq!(r.headers()[RETRY_AFTER], "1");
+    }
+}

@@ -1,0 +1,179 @@
+//! The router: which path does what. Handlers only translate — read and validate input,
+//! call the [`Service`], render the answer — so the decision rules live in the service and
+//! the HTTP rules in the pure `request`, `authorize` and `decision` modules.
+
+use super::authorize::parse_authorize;
+use super::body::read_bounded;
+use super::decision::{error_status, render};
+use super::reject::{quote, Reject};
+use super::request::{parse_check_body, Bounds};
+use crate::service::{CheckRequest, Service};
+use axum::body::Body;
+use axum::extract::rejection::QueryRejection;
+use axum::extract::{Query, State};
+use axum::http::header::{CONTENT_TYPE, DATE};
+use axum::http::{HeaderMap, HeaderValue, Method, StatusCode, Uri};
+use axum::middleware::map_response_with_state;
+use axum::response::{IntoResponse, Response};
+use axum::routing::{any, get, post};
+use axum::{Json, Router};
+use std::time::{Duration, UNIX_EPOCH};
+
+/// The content type of the Prometheus text exposition format.
+pub const METRICS_CONTENT_TYPE: &str = "text/plain; version=0.0.4";
+
+const ROUTES: &str = "POST /v1/check, GET /v1/authorize, GET /metrics, GET /healthz, \
+                      GET /readyz, GET /v1/admin/status, POST /v1/admin/reload";
+
+#[derive(Clone)]
+struct AppState {
+    service: Service,
+}
+
+/// The HTTP API of a node as an axum router.
+pub fn router(service: Service) -> Router {
+    let state = AppState { service };
+    Router::new()
+        .route("/v1/check", post(check))
+        .route("/v1/authorize", any(authorize))
+        .route("/metrics", get(metrics))
+        .route("/healthz", get(healthz))
+        .route("/readyz", get(readyz))
+        .route("/v1/admin/status", get(status))
+        .route("/v1/admin/reload", post(reload))
+        .fallback(not_found)
+        .method_not_allowed_fallback(method_not_allowed)
+        .layer(map_response_with_state(state.clone(), date_header))
+        .with_state(state)
+}
+
+/// Sets `Date` from the node's clock (hyper's own is turned off), so the API reads wall
+/// time through the clock seam like everything else.
+async fn date_header(State(st): State<AppState>, mut resp: Response) -> Response {
+    let wall = UNIX_EPOCH + Duration::from_nanos(st.service.clock().wall());
+    if let Ok(v) = HeaderValue::from_str(&httpdate::fmt_http_date(wall)) {
+        resp.headers_mut().insert(DATE, v);
+    }
+    resp
+}
+
+async fn check(State(st): State<AppState>, headers: HeaderMap, body: Body) -> Response {
+    const ROUTE: &str = "/v1/check";
+    let svc = &st.service;
+    let cfg = svc.config();
+    let parsed = match read_bounded(&headers, body, cfg.max_body_bytes, cfg.idle_timeout).await {
+        Ok(bytes) => parse_check_body(&bytes, &Bounds::of(cfg)),
+        Err(r) => Err(r),
+    };
+    match parsed {
+        Ok(req) => decide(svc, req, StatusCode::TOO_MANY_REQUESTS, ROUTE).await,
+        Err(r) => r.respond(svc.metrics(), ROUTE),
+    }
+}
+
+async fn authorize(
+    State(st): State<AppState>,
+    query: Result<Query<Vec<(String, String)>>, QueryRejection>,
+    headers: HeaderMap,
+) -> Response {
+    const ROUTE: &str = "/v1/authorize";
+    let svc = &st.service;
+    let parsed = match query {
+        Ok(Query(params)) => parse_authorize(&params, &headers, &Bounds::of(svc.config())),
+        Err(e) => Err(Reject::bad(
+            "bad_query",
+            format!("the query string cannot be read ({e}); send ?limit=NAME&key=KEY"),
+        )),
+    };
+    match parsed {
+        Ok(a) => decide(svc, a.request, a.deny_status, ROUTE).await,
+        Err(r) => r.respond(svc.metrics(), ROUTE),
+    }
+}
+
+/// Asks the service, times the decision and renders it.
+async fn decide(
+    svc: &Service,
+    req: CheckRequest,
+    deny_status: StatusCode,
+    route: &str,
+) -> Response {
+    let clock = svc.clock();
+    let start = clock.monotonic();
+    let result = svc.check(req).await;
+    let elapsed = clock.monotonic().saturating_sub(start);
+    svc.metrics()
+        .decision_latency
+        .with_label_values(&["http"])
+        .observe(elapsed as f64 / 1e9);
+    match result {
+        Ok(resp) => render(&resp, deny_status).into_response(),
+        Err(e) => {
+            let (status, reason) = error_status(&e);
+            Reject::new(status, reason, e.to_string()).respond(svc.metrics(), route)
+        }
+    }
+}
+
+async fn metrics(State(st): State<AppState>) -> Response {
+    (
+        [(CONTENT_TYPE, METRICS_CONTENT_TYPE)],
+        st.service.metrics().render(),
+    )
+        .into_response()
+}
+
+async fn healthz() -> &'static str {
+    "ok\n"
+}
+
+async fn readyz(State(st): State<AppState>) -> Response {
+    if st.service.ready() {
+        (StatusCode::OK, "ready\n").into_response()
+    } else {
+        (StatusCode::SERVICE_UNAVAILABLE, "not ready\n").into_response()
+    }
+}
+
+async fn status(State(st): State<AppState>) -> Response {
+    Json(st.service.status()).into_response()
+}
+
+async fn reload(State(st): State<AppState>) -> Response {
+    const ROUTE: &str = "/v1/admin/reload";
+    let svc = st.service.clone();
+    match tokio::task::spawn_blocking(move || svc.reload()).await {
+        Ok(Ok(report)) => Json(report).into_response(),
+        Ok(Err(e)) => Reject::bad("reload_failed", e).respond(st.service.metrics(), ROUTE),
+        Err(e) => Reject::new(
+            StatusCode::INTERNAL_SERVER_ERROR,
+            "reload_failed",
+            format!("the reload did not finish ({e}); the old policies stay in force"),
+        )
+        .respond(st.service.metrics(), ROUTE),
+    }
+}
+
+async fn not_found(State(st): State<AppState>, method: Method, uri: Uri) -> Response {
+    Reject::new(
+        StatusCode::NOT_FOUND,
+        "not_found",
+        format!(
+            "there is no {method} {}; the API serves: {ROUTES}",
+            quote(uri.path())
+        ),
+    )
+    .respond(st.service.metrics(), "fallback")
+}
+
+async fn method_not_allowed(State(st): State<AppState>, method: Method, uri: Uri) -> Response {
+    Reject::new(
+        StatusCode::METHOD_NOT_ALLOWED,
+        "method_not_allowed",
+        format!(
+            "{} does not accept {method}; the API serves: {ROUTES}",
+            quote(uri.path())
+        ),
+    )
+    .respond(st.service.metrics(), "fallback")
+}

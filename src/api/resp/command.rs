@@ -1,0 +1,547 @@
+//! From a request's arguments to a typed command. Names are case-insensitive; every refusal
+//! is a [`CommandError`] whose reply names the argument at fault.
+//!
+//! The rate-limiting commands:
+//! - `CL.THROTTLE key max_burst count period [quantity]` — exactly redis-cell's: a GCRA limit
+//!   of `count` per `period` seconds with capacity `max_burst + 1`, spending `quantity`
+//!   (default 1; 0 peeks).
+//! - `QR.CHECK [ID request-id] limit key cost [limit key cost ...]` — named limits of the
+//!   policy file, all-or-nothing.
+//! - `QR.PEEK limit key` — `QR.CHECK limit key 0`.
+//!
+//! And what redis-cli, redis-benchmark and client libraries send on connecting: `PING`,
+//! `ECHO`, `QUIT`, `SELECT 0`, `CLIENT ...`, `HELLO [2]`, `COMMAND [DOCS|COUNT]`,
+//! `CONFIG GET`, `INFO`.
+
+use super::frame::{parse_int, Frame};
+use crate::limiter::{Algorithm, MAX_PERIOD, SECOND};
+use crate::service::{CheckItem, CheckRequest, InlineLimit, LimitRef};
+use bytes::Bytes;
+
+/// A parsed request.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Command {
+    /// Spends limits through the service; `reply` says how to write its answer.
+    Check {
+        request: CheckRequest,
+        reply: CheckReply,
+    },
+    Ping(Option<Bytes>),
+    Echo(Bytes),
+    /// `+OK`, then the connection closes.
+    Quit,
+    /// `SELECT 0`: there is only one database.
+    Select,
+    /// `CLIENT ...`: accepted and ignored (`+OK`).
+    Client,
+    /// `HELLO [2]`.
+    Hello,
+    /// `COMMAND`, `COMMAND DOCS|INFO|LIST`: an empty array.
+    CommandList,
+    /// `COMMAND COUNT`: 0.
+    CommandCount,
+    /// `CONFIG GET param [param ...]`.
+    ConfigGet(Vec<Bytes>),
+    /// `INFO [section ...]`.
+    Info(Vec<Bytes>),
+}
+
+/// The reply shape of a check command.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum CheckReply {
+    /// redis-cell's five integers.
+    Throttle,
+    /// quorate's array: verdict, wait, then one array per item.
+    Check,
+}
+
+/// Why a request is not a valid command.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum CommandError {
+    /// Not a command quorate knows. Carries Redis's whole message.
+    Unknown(String),
+    /// Wrong number of arguments for the (lower-case) command.
+    Arity(&'static str),
+    /// A bad argument; the message names it.
+    Invalid(String),
+    /// `HELLO` asked for a protocol other than RESP2.
+    NoProto,
+}
+
+impl CommandError {
+    /// The error reply's text: its kind (`ERR`, `NOPROTO`) and message.
+    pub fn message(&self) -> String {
+        match self {
+            CommandError::Unknown(m) | CommandError::Invalid(m) => format!("ERR {m}"),
+            CommandError::Arity(name) => {
+                format!("ERR wrong number of arguments for '{name}' command")
+            }
+            CommandError::NoProto => "NOPROTO this server speaks RESP2 only".into(),
+        }
+    }
+
+    /// The error reply.
+    pub fn to_frame(&self) -> Frame {
+        Frame::Error(self.message())
+    }
+
+    /// A short label for metrics and logs.
+    pub fn reason(&self) -> &'static str {
+        match self {
+            CommandError::Unknown(_) => "unknown_command",
+            CommandError::Arity(_) => "wrong_arity",
+            CommandError::Invalid(_) => "invalid_argument",
+            CommandError::NoProto => "unsupported_protocol",
+        }
+    }
+}
+
+/// The longest period `CL.THROTTLE` accepts, in seconds (366 days).
+pub const MAX_PERIOD_SECS: i64 = (MAX_PERIOD / SECOND) as i64;
+
+/// Parses one request (never empty: the frame parser skips empty ones).
+pub fn parse(args: &[Bytes]) -> Result<Command, CommandError> {
+    let Some(name) = args.first() else {
+        return Err(CommandError::Unknown("empty command".into()));
+    };
+    let is = |n: &str| name.eq_ignore_ascii_case(n.as_bytes());
+    let rest = &args[1..];
+    if is("CL.THROTTLE") {
+        throttle(rest)
+    } else if is("QR.CHECK") {
+        check(rest)
+    } else if is("QR.PEEK") {
+        peek(rest)
+    } else if is("PING") {
+        match rest {
+            [] => Ok(Command::Ping(None)),
+            [m] => Ok(Command::Ping(Some(m.clone()))),
+            _ => Err(CommandError::Arity("ping")),
+        }
+    } else if is("ECHO") {
+        match rest {
+            [m] => Ok(Command::Echo(m.clone())),
+            _ => Err(CommandError::Arity("echo")),
+        }
+    } else if is("QUIT") {
+        Ok(Command::Quit)
+    } else if is("SELECT") {
+        select(rest)
+    } else if is("CLIENT") {
+        match rest {
+            [] => Err(CommandError::Arity("client")),
+            _ => Ok(Command::Client),
+        }
+    } else if is("HELLO") {
+        hello(rest)
+    } else if is("COMMAND") {
+        command(rest)
+    } else if is("CONFIG") {
+        config(rest)
+    } else if is("INFO") {
+        Ok(Command::Info(rest.to_vec()))
+    } else {
+        Err(unknown(name, rest))
+    }
+}
+
+/// Redis 7's message: `unknown command 'NAME', with args beginning with: 'a' 'b' `, each
+/// part cut to 128 bytes.
+fn unknown(name: &[u8], rest: &[Bytes]) -> CommandError {
+    let mut shown_args = String::new();
+    for a in rest {
+        if shown_args.len() >= 128 {
+            break;
+        }
+        let room = 128 - shown_args.len();
+        shown_args.push_str(&format!("'{}' ", shown(a, room)));
+    }
+    CommandError::Unknown(format!(
+        "unknown command '{}', with args beginning with: {shown_args}",
+        shown(name, 128)
+    ))
+}
+
+/// At most `max` bytes of client input, printable in a one-line message.
+pub fn shown(bytes: &[u8], max: usize) -> String {
+    String::from_utf8_lossy(&bytes[..bytes.len().min(max)])
+        .chars()
+        .map(|c| if c.is_control() { ' ' } else { c })
+        .collect()
+}
+
+fn text(arg: &Bytes, what: &str) -> Result<String, CommandError> {
+    String::from_utf8(arg.to_vec())
+        .map_err(|_| CommandError::Invalid(format!("{what} must be valid UTF-8")))
+}
+
+/// An integer argument within `min..=max`, or an error naming it with `expected`.
+fn int(arg: &[u8], min: i64, max: i64, what: &str, expected: &str) -> Result<i64, CommandError> {
+    parse_int(arg)
+        .filter(|n| (min..=max).contains(n))
+        .ok_or_else(|| CommandError::Invalid(format!("{what} must be {expected}")))
+}
+
+/// `CL.THROTTLE key max_burst count period [quantity]`.
+fn throttle(rest: &[Bytes]) -> Result<Command, CommandError> {
+    let (key, max_burst, count, period, quantity) = match rest {
+        [k, b, c, p] => (k, b, c, p, None),
+        [k, b, c, p, q] => (k, b, c, p, Some(q)),
+        _ => return Err(CommandError::Arity("cl.throttle")),
+    };
+    let key = text(key, "key")?;
+    // max_burst + 1 is replied as a RESP integer, so it must stay within i64.
+    let max_burst = int(
+        max_burst,
+        0,
+        i64::MAX - 1,
+        "max_burst",
+        "an integer from 0 to 9223372036854775806",
+    )?;
+    let count = int(count, 1, i64::MAX, "count", "a positive integer")?;
+    let period_secs = int(
+        period,
+        1,
+        i64::MAX,
+        "period",
+        "a positive integer (seconds)",
+    )?;
+    if period_secs > MAX_PERIOD_SECS {
+        return Err(CommandError::Invalid(format!(
+            "period must be at most {MAX_PERIOD_SECS} seconds (366 days)"
+        )));
+    }
+    let quantity = match quantity {
+        Some(q) => int(q, 0, i64::MAX, "quantity", "a non-negative integer")?,
+        None => 1,
+    };
+    let limit = InlineLimit {
+        algorithm: Algorithm::Gcra,
+        limit: count as u64,
+        period_ns: period_secs as u64 * SECOND,
+        burst: Some(max_burst as u64 + 1),
+    };
+    Ok(Command::Check {
+        request: CheckRequest {
+            items: vec![CheckItem {
+                limit: LimitRef::Inline(limit),
+                key,
+                cost: quantity as u64,
+            }],
+            request_id: None,
+        },
+        reply: CheckReply::Throttle,
+    })
+}
+
+/// `QR.CHECK [ID request-id] limit key cost [limit key cost ...]`. A limit named `ID` still
+/// works: the ID form is recognised only when the argument count fits it.
+fn check(rest: &[Bytes]) -> Result<Command, CommandError> {
+    let (request_id, triples) = match rest {
+        [id, request_id, triples @ ..]
+            if id.eq_ignore_ascii_case(b"ID") && !triples.is_empty() && triples.len() % 3 == 0 =>
+        {
+            (Some(text(request_id, "request-id")?), triples)
+        }
+        triples if !triples.is_empty() && triples.len() % 3 == 0 => (None, triples),
+        _ => return Err(CommandError::Arity("qr.check")),
+    };
+    let items = triples
+        .chunks_exact(3)
+        .enumerate()
+        .map(|(i, t)| {
+            let n = i + 1;
+            Ok(CheckItem {
+                limit: LimitRef::Named(text(&t[0], &format!("limit of item {n}"))?),
+                key: text(&t[1], &format!("key of item {n}"))?,
+                cost: int(
+                    &t[2],
+                    0,
+                    i64::MAX,
+                    &format!("cost of item {n}"),
+                    "a non-negative integer",
+                )? as u64,
+            })
+        })
+        .collect::<Result<Vec<_>, CommandError>>()?;
+    Ok(Command::Check {
+        request: CheckRequest { items, request_id },
+        reply: CheckReply::Check,
+    })
+}
+
+/// `QR.PEEK limit key`.
+fn peek(rest: &[Bytes]) -> Result<Command, CommandError> {
+    let [limit, key] = rest else {
+        return Err(CommandError::Arity("qr.peek"));
+    };
+    let item = CheckItem {
+        limit: LimitRef::Named(text(limit, "limit")?),
+        key: text(key, "key")?,
+        cost: 0,
+    };
+    Ok(Command::Check {
+        request: CheckRequest {
+            items: vec![item],
+            request_id: None,
+        },
+        reply: CheckReply::Check,
+    })
+}
+
+fn select(rest: &[Bytes]) -> Result<Command, CommandError> {
+    let [index] = rest else {
+        return Err(CommandError::Arity("select"));
+    };
+    match parse_int(index) {
+        Some(0) => Ok(Command::Select),
+        Some(_) => Err(CommandError::Invalid("DB index is out of range".into())),
+        None => Err(CommandError::Invalid(
+            "value is not an integer or out of range".into(),
+        )),
+    }
+}
+
+/// `HELLO [protover [AUTH user pass] [SETNAME name]]`: only protocol 2; the options are
+/// accepted and ignored (quorate has no users or client names).
+fn hello(rest: &[Bytes]) -> Result<Command, CommandError> {
+    match rest.first().map(|v| parse_int(v)) {
+        None | Some(Some(2)) => Ok(Command::Hello),
+        Some(Some(_)) => Err(CommandError::NoProto),
+        Some(None) => Err(CommandError::Invalid(
+            "Protocol version is not an integer or out of range".into(),
+        )),
+    }
+}
+
+fn command(rest: &[Bytes]) -> Result<Command, CommandError> {
+    let Some(sub) = rest.first() else {
+        return Ok(Command::CommandList);
+    };
+    if sub.eq_ignore_ascii_case(b"COUNT") {
+        Ok(Command::CommandCount)
+    } else if [&b"DOCS"[..], b"INFO", b"LIST"]
+        .iter()
+        .any(|s| sub.eq_ignore_ascii_case(s))
+    {
+        Ok(Command::CommandList)
+    } else {
+        Err(CommandError::Invalid(format!(
+            "unknown subcommand '{}'. Try COMMAND HELP.",
+            shown(sub, 128)
+        )))
+    }
+}
+
+fn config(rest: &[Bytes]) -> Result<Command, CommandError> {
+    match rest {
+        [] => Err(CommandError::Arity("config")),
+        [sub, params @ ..] if sub.eq_ignore_ascii_case(b"GET") => {
+            if params.is_empty() {
+                Err(CommandError::Arity("config|get"))
+            } else {
+                Ok(Command::ConfigGet(params.to_vec()))
+            }
+        }
+        [sub, ..] => Err(CommandError::Invalid(format!(
+            "unknown subcommand '{}'. Try CONFIG HELP.",
+            shown(sub, 128)
+        ))),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn p(line: &str) -> Result<Command, CommandError> {
+        let args: Vec<Bytes> = line
+            .split(' ')
+            .map(|s| Bytes::copy_from_slice(s.as_bytes()))
+            .collect();
+        parse(&args)
+    }
+
+    fn request(c: Command) -> CheckRequest {
+        match c {
+            Command::Check { request, .. } => request,
+            other => panic!("not a check: {other:?}"),
+        }
+    }
+
+    #[test]
+    fn cl_throttle_is_an_inline_gcra_limit_with_capacity_max_burst_plus_one() {
+        let c = p("cl.throttle user123 15 30 60").unwrap();
+        assert!(matches!(
+            c,
+            Command::Check {
+                reply: CheckReply::Throttle,
+                ..
+            }
+        ));
+        let r = request(c);
+        assert_eq!(r.request_id, None);
+        assert_eq!(
+            r.items,
+            vec![CheckItem {
+                limit: LimitRef::Inline(InlineLimit {
+                    algorithm: Algorithm::Gcra,
+                    limit: 30,
+                    period_ns: 60 * SECOND,
+                    burst: Some(16),
+                }),
+                key: "user123".into(),
+                cost: 1,
+            }]
+        );
+    }
+
+    #[test]
+    fn cl_throttle_takes_an_optional_quantity_including_zero() {
+        assert_eq!(
+            request(p("CL.THROTTLE k 0 1 1 7").unwrap()).items[0].cost,
+            7
+        );
+        assert_eq!(
+            request(p("CL.THROTTLE k 0 1 1 0").unwrap()).items[0].cost,
+            0
+        );
+    }
+
+    #[test]
+    fn cl_throttle_errors_name_the_bad_argument() {
+        let cases = [
+            ("CL.THROTTLE k x 30 60", "max_burst"),
+            ("CL.THROTTLE k -1 30 60", "max_burst"),
+            ("CL.THROTTLE k 9223372036854775807 30 60", "max_burst"),
+            ("CL.THROTTLE k 15 0 60", "count"),
+            ("CL.THROTTLE k 15 1.5 60", "count"),
+            ("CL.THROTTLE k 15 30 0", "period"),
+            ("CL.THROTTLE k 15 30 31622401", "period"),
+            ("CL.THROTTLE k 15 30 60 -3", "quantity"),
+        ];
+        for (line, arg) in cases {
+            match p(line) {
+                Err(CommandError::Invalid(m)) => assert!(m.starts_with(arg), "{line}: {m}"),
+                other => panic!("{line}: {other:?}"),
+            }
+        }
+        assert!(p("CL.THROTTLE k 15 30 31622400").is_ok());
+    }
+
+    #[test]
+    fn cl_throttle_with_too_few_or_many_arguments_is_an_arity_error() {
+        assert_eq!(
+            p("CL.THROTTLE k 15 30"),
+            Err(CommandError::Arity("cl.throttle"))
+        );
+        assert_eq!(
+            p("CL.THROTTLE k 15 30 60 1 2"),
+            Err(CommandError::Arity("cl.throttle"))
+        );
+        assert_eq!(
+            CommandError::Arity("cl.throttle").to_frame(),
+            Frame::Error("ERR wrong number of arguments for 'cl.throttle' command".into())
+        );
+    }
+
+    #[test]
+    fn qr_check_takes_triples_and_an_optional_request_id() {
+        let r = request(p("QR.CHECK login alice 1 api k 2").unwrap());
+        assert_eq!(r.request_id, None);
+        assert_eq!(r.items.len(), 2);
+        assert_eq!(r.items[1].limit, LimitRef::Named("api".into()));
+        assert_eq!((r.items[1].key.as_str(), r.items[1].cost), ("k", 2));
+        let r = request(p("qr.check id req-1 login alice 1").unwrap());
+        assert_eq!(r.request_id.as_deref(), Some("req-1"));
+        assert_eq!(r.items.len(), 1);
+    }
+
+    #[test]
+    fn a_limit_named_id_is_still_a_limit() {
+        let r = request(p("QR.CHECK ID alice 1").unwrap());
+        assert_eq!(
+            (r.request_id, r.items[0].limit.clone()),
+            (None, LimitRef::Named("ID".into()))
+        );
+    }
+
+    #[test]
+    fn qr_check_refuses_incomplete_triples_and_bad_costs() {
+        assert_eq!(
+            p("QR.CHECK login alice"),
+            Err(CommandError::Arity("qr.check"))
+        );
+        assert_eq!(p("QR.CHECK ID r1"), Err(CommandError::Arity("qr.check")));
+        assert_eq!(
+            p("QR.CHECK a k 1 b k x"),
+            Err(CommandError::Invalid(
+                "cost of item 2 must be a non-negative integer".into()
+            ))
+        );
+    }
+
+    #[test]
+    fn qr_peek_is_a_check_of_cost_zero() {
+        let r = request(p("QR.PEEK login alice").unwrap());
+        assert_eq!(r.items[0].cost, 0);
+        assert_eq!(p("QR.PEEK login"), Err(CommandError::Arity("qr.peek")));
+    }
+
+    #[test]
+    fn keys_must_be_utf8() {
+        let args = [
+            Bytes::from_static(b"QR.PEEK"),
+            Bytes::from_static(b"l"),
+            Bytes::from_static(b"\xff"),
+        ];
+        assert_eq!(
+            parse(&args),
+            Err(CommandError::Invalid("key must be valid UTF-8".into()))
+        );
+    }
+
+    #[test]
+    fn connection_commands_parse() {
+        assert_eq!(p("ping"), Ok(Command::Ping(None)));
+        assert_eq!(
+            p("PING hi"),
+            Ok(Command::Ping(Some(Bytes::from_static(b"hi"))))
+        );
+        assert_eq!(p("ECHO x"), Ok(Command::Echo(Bytes::from_static(b"x"))));
+        assert_eq!(p("ECHO"), Err(CommandError::Arity("echo")));
+        assert_eq!(p("QUIT"), Ok(Command::Quit));
+        assert_eq!(p("SELECT 0"), Ok(Command::Select));
+        assert!(matches!(p("SELECT 1"), Err(CommandError::Invalid(_))));
+        assert_eq!(p("CLIENT SETNAME x"), Ok(Command::Client));
+        assert_eq!(p("HELLO"), Ok(Command::Hello));
+        assert_eq!(p("HELLO 2 SETNAME x"), Ok(Command::Hello));
+        assert_eq!(p("HELLO 3"), Err(CommandError::NoProto));
+        assert_eq!(
+            CommandError::NoProto.to_frame(),
+            Frame::Error("NOPROTO this server speaks RESP2 only".into())
+        );
+        assert_eq!(p("COMMAND"), Ok(Command::CommandList));
+        assert_eq!(p("command docs"), Ok(Command::CommandList));
+        assert_eq!(p("COMMAND COUNT"), Ok(Command::CommandCount));
+        assert_eq!(
+            p("CONFIG GET save"),
+            Ok(Command::ConfigGet(vec![Bytes::from_static(b"save")]))
+        );
+        assert_eq!(p("CONFIG GET"), Err(CommandError::Arity("config|get")));
+        assert_eq!(p("INFO"), Ok(Command::Info(vec![])));
+    }
+
+    #[test]
+    fn an_unknown_command_gets_redis_message_with_its_first_arguments() {
+        assert_eq!(
+            p("FOO a b").unwrap_err().to_frame(),
+            Frame::Error("ERR unknown command 'FOO', with args beginning with: 'a' 'b' ".into())
+        );
+        let long = format!("X {}", "y".repeat(300));
+        match p(&long).unwrap_err() {
+            CommandError::Unknown(m) => assert!(m.len() < 200, "{m}"),
+            other => panic!("{other:?}"),
+        }
+    }
+}

@@ -1,0 +1,178 @@
+//! One client connection: read, answer every complete request buffered as one batch, write
+//! the replies with one write, repeat.
+//!
+//! Bounded on every side: the read buffer never holds more than one request that is still
+//! arriving (at most [`Limits::max_frame`]) plus one read; a batch is at most
+//! [`MAX_BATCH`] requests; a client that sends nothing, or stops reading its replies, for
+//! `idle_timeout` is disconnected. On shutdown a connection finishes the batch it is
+//! answering and closes instead of reading more.
+
+use super::exec;
+use super::frame::{parse_request, Limits, ProtocolError};
+use crate::net::Stream;
+use crate::service::Service;
+use bytes::{Bytes, BytesMut};
+use std::net::SocketAddr;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::sync::broadcast;
+
+/// Most requests answered as one batch (one `check_many` call, one write).
+pub const MAX_BATCH: usize = 1024;
+
+/// Most bytes read at once.
+const READ_CHUNK: usize = 16 * 1024;
+
+/// Whether the server has asked connections to stop (mini-redis's pattern: the server drops
+/// the broadcast sender, and every receiver then sees `Closed`).
+pub struct Shutdown {
+    stopping: bool,
+    notify: broadcast::Receiver<()>,
+}
+
+impl Shutdown {
+    pub fn new(notify: broadcast::Receiver<()>) -> Self {
+        Shutdown {
+            stopping: false,
+            notify,
+        }
+    }
+
+    /// Waits for the signal.
+    pub async fn recv(&mut self) {
+        if !self.stopping {
+            let _ = self.notify.recv().await;
+            self.stopping = true;
+        }
+    }
+
+    /// True once the signal was sent, without waiting.
+    pub fn is_stopping(&mut self) -> bool {
+        if !self.stopping {
+            self.stopping = !matches!(
+                self.notify.try_recv(),
+                Err(broadcast::error::TryRecvError::Empty)
+            );
+        }
+        self.stopping
+    }
+}
+
+/// Serves one connection until the client leaves, misbehaves, idles or the server stops.
+pub async fn handle<S: Stream>(
+    mut stream: S,
+    peer: SocketAddr,
+    service: Service,
+    mut shutdown: Shutdown,
+) {
+    let config = service.config();
+    let limits = Limits::from_max_frame_bytes(config.max_frame_bytes);
+    let idle = config.idle_timeout;
+    let cap = limits.max_frame.saturating_add(READ_CHUNK);
+    let mut buf = BytesMut::new();
+    loop {
+        if shutdown.is_stopping() {
+            return;
+        }
+        let (requests, error) = take_batch(&mut buf, &limits);
+        if !requests.is_empty() || error.is_some() {
+            let out = exec::run(&service, requests, error, peer).await;
+            let sent = tokio::time::timeout(idle, async {
+                stream.write_all(&out.bytes).await?;
+                stream.flush().await
+            })
+            .await;
+            if !matches!(sent, Ok(Ok(()))) {
+                tracing::debug!(api = "resp", %peer, "closing: the client is not reading its replies");
+                return;
+            }
+            if out.close {
+                let _ = tokio::time::timeout(idle, stream.shutdown()).await;
+                return;
+            }
+            continue;
+        }
+        // Only an incomplete request is buffered here, and the parser keeps it below
+        // `max_frame`, so there is always room; the check is belt and braces.
+        let room = cap.saturating_sub(buf.len()).min(READ_CHUNK);
+        if room == 0 {
+            let e = ProtocolError::FrameTooLarge {
+                max: limits.max_frame,
+            };
+            let out = exec::run(&service, Vec::new(), Some(e), peer).await;
+            let _ = tokio::time::timeout(idle, stream.write_all(&out.bytes)).await;
+            return;
+        }
+        buf.reserve(room);
+        let mut limited = (&mut stream).take(room as u64);
+        let read = tokio::select! {
+            r = tokio::time::timeout(idle, limited.read_buf(&mut buf)) => r,
+            _ = shutdown.recv() => return,
+        };
+        match read {
+            Ok(Ok(0)) => return,
+            Ok(Ok(_)) => {}
+            Ok(Err(e)) => {
+                tracing::debug!(api = "resp", %peer, "closing: read failed: {e}");
+                return;
+            }
+            Err(_) => {
+                tracing::debug!(api = "resp", %peer, "closing: idle for {idle:?}");
+                return;
+            }
+        }
+    }
+}
+
+/// The complete requests at the front of `buf` (at most [`MAX_BATCH`], up to and including a
+/// `QUIT`), and the protocol error that stopped the parser, if any.
+fn take_batch(buf: &mut BytesMut, limits: &Limits) -> (Vec<Vec<Bytes>>, Option<ProtocolError>) {
+    let mut requests = Vec::new();
+    while requests.len() < MAX_BATCH {
+        match parse_request(buf, limits) {
+            Ok(Some(args)) => {
+                let quit = args
+                    .first()
+                    .is_some_and(|a| a.eq_ignore_ascii_case(b"QUIT"));
+                requests.push(args);
+                if quit {
+                    break;
+                }
+            }
+            Ok(None) => break,
+            Err(e) => return (requests, Some(e)),
+        }
+    }
+    (requests, None)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_batch_stops_at_quit_and_leaves_the_rest_unparsed() {
+        let mut buf = BytesMut::from(&b"PING\r\nQUIT\r\nPING\r\n"[..]);
+        let limits = Limits::from_max_frame_bytes(1024);
+        let (requests, error) = take_batch(&mut buf, &limits);
+        assert_eq!(requests.len(), 2);
+        assert!(error.is_none());
+        assert_eq!(&buf[..], b"PING\r\n");
+    }
+
+    #[test]
+    fn a_batch_holds_at_most_max_batch_requests() {
+        let mut buf = BytesMut::from("PING\r\n".repeat(MAX_BATCH + 5).as_bytes());
+        let limits = Limits::from_max_frame_bytes(1024);
+        assert_eq!(take_batch(&mut buf, &limits).0.len(), MAX_BATCH);
+        assert_eq!(take_batch(&mut buf, &limits).0.len(), 5);
+    }
+
+    #[test]
+    fn a_batch_keeps_the_requests_before_a_protocol_error() {
+        let mut buf = BytesMut::from(&b"PING\r\n*x\r\n"[..]);
+        let limits = Limits::from_max_frame_bytes(1024);
+        let (requests, error) = take_batch(&mut buf, &limits);
+        assert_eq!(requests.len(), 1);
+        assert_eq!(error, Some(ProtocolError::InvalidMultibulkLength));
+    }
+}

@@ -1,0 +1,126 @@
+//! One pipeline batch: every request a connection had buffered, answered in order with one
+//! call to the service.
+//!
+//! The check commands of the batch (`CL.THROTTLE`, `QR.CHECK`, `QR.PEEK`) go to
+//! [`Service::check_many`] together, so a connection's pipelined requests reach each shard as
+//! one message; the other commands are answered on the spot, and each reply takes the place of
+//! its request. A `QUIT` ends the batch (what follows it is not executed); a protocol error
+//! ends it after the requests before it were answered, as in Redis.
+
+use super::command::{self, CheckReply, Command};
+use super::frame::{Frame, ProtocolError};
+use super::{encode, info, reply};
+use crate::service::{CheckRequest, Service};
+use bytes::{Bytes, BytesMut};
+use std::net::SocketAddr;
+
+/// What to send back, and whether to close the connection after sending it.
+pub struct BatchOutput {
+    pub bytes: BytesMut,
+    pub close: bool,
+}
+
+/// A reply known now, or one waiting for the service's answer to a check.
+enum Slot {
+    Ready(Frame),
+    Check(CheckReply),
+}
+
+/// Answers `requests` in order, then `error` (if the parser stopped on one).
+pub async fn run(
+    service: &Service,
+    requests: Vec<Vec<Bytes>>,
+    error: Option<ProtocolError>,
+    peer: SocketAddr,
+) -> BatchOutput {
+    let started = service.clock().monotonic();
+    let mut slots = Vec::with_capacity(requests.len() + 1);
+    let mut checks: Vec<CheckRequest> = Vec::new();
+    let mut close = false;
+    for args in &requests {
+        match command::parse(args) {
+            Ok(Command::Check { request, reply }) => {
+                checks.push(request);
+                slots.push(Slot::Check(reply));
+            }
+            Ok(Command::Quit) => {
+                slots.push(Slot::Ready(Frame::simple("OK")));
+                close = true;
+                break;
+            }
+            Ok(other) => slots.push(Slot::Ready(answer(service, other))),
+            Err(e) => {
+                bad_request(service, peer, e.reason(), &e.message());
+                slots.push(Slot::Ready(e.to_frame()));
+            }
+        }
+    }
+    if let (Some(e), false) = (&error, close) {
+        bad_request(service, peer, "protocol", &e.to_string());
+        slots.push(Slot::Ready(Frame::err(format!("Protocol error: {e}"))));
+        close = true;
+    }
+
+    let n_checks = checks.len();
+    let mut answers = if checks.is_empty() {
+        Vec::new()
+    } else {
+        service.check_many(checks).await
+    }
+    .into_iter();
+    if n_checks > 0 {
+        let elapsed = service.clock().monotonic().saturating_sub(started);
+        let histogram = service
+            .metrics()
+            .decision_latency
+            .with_label_values(&["resp"]);
+        for _ in 0..n_checks {
+            histogram.observe(elapsed as f64 / 1e9);
+        }
+    }
+
+    let mut bytes = BytesMut::new();
+    for slot in slots {
+        let frame = match slot {
+            Slot::Ready(f) => f,
+            Slot::Check(kind) => match answers.next() {
+                Some(Ok(resp)) => reply::check_reply(kind, &resp),
+                Some(Err(e)) => {
+                    if let Some(reason) = reply::error_reason(&e) {
+                        bad_request(service, peer, reason, &e.to_string());
+                    }
+                    reply::check_error(&e)
+                }
+                None => Frame::err("internal error: the service gave no answer to this check"),
+            },
+        };
+        encode::encode(&frame, &mut bytes);
+    }
+    BatchOutput { bytes, close }
+}
+
+/// The reply to a command that needs no decision.
+fn answer(service: &Service, cmd: Command) -> Frame {
+    match cmd {
+        Command::Ping(None) => Frame::simple("PONG"),
+        Command::Ping(Some(m)) | Command::Echo(m) => Frame::Bulk(m),
+        Command::Select | Command::Client | Command::Quit => Frame::simple("OK"),
+        Command::Hello => info::hello(),
+        Command::CommandList => Frame::Array(vec![]),
+        Command::CommandCount => Frame::Integer(0),
+        Command::ConfigGet(params) => info::config_get(&params),
+        Command::Info(sections) => info::info(service, &sections),
+        // Checks are answered with the batch, never here.
+        Command::Check { .. } => Frame::err("internal error: check outside its batch"),
+    }
+}
+
+/// Counts and logs a refused request.
+fn bad_request(service: &Service, peer: SocketAddr, reason: &'static str, detail: &str) {
+    service
+        .metrics()
+        .bad_requests
+        .with_label_values(&["resp", reason])
+        .inc();
+    tracing::info!(api = "resp", %peer, reason, "bad request: {detail}");
+}

@@ -1,0 +1,477 @@
+//! RESP2 frames and the incremental parser of client requests.
+//!
+//! Clients send either an array of bulk strings (`*2\r\n$4\r\nECHO\r\n$2\r\nhi\r\n`) or an
+//! inline command (`ECHO hi\r\n`, as telnet sends). [`parse_request`] takes whatever has
+//! arrived in the connection's buffer and returns the first complete request, or `None` when
+//! more bytes are needed; it never consumes a partial frame, so it can simply be called again
+//! after the next read.
+//!
+//! The parser is where hostile input meets the node, so it trusts no declared length: a
+//! length is checked against [`Limits`] as soon as its header is read, before any byte of the
+//! data arrives, and nothing is ever reserved from it. Only bytes that actually arrived are
+//! kept, and the caller's buffer stays below [`Limits::max_frame`] plus one read. Malformed
+//! input is a [`ProtocolError`]; the server answers `-ERR Protocol error: ...` and closes the
+//! connection, as Redis does.
+
+use super::inline;
+use bytes::{Bytes, BytesMut};
+use std::ops::Range;
+
+/// One RESP2 value: what the server replies (and what the client decodes).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Frame {
+    /// `+OK`. Must not contain CR or LF (the encoder replaces them).
+    Simple(String),
+    /// `-ERR message`: the first word is the error kind. Must not contain CR or LF.
+    Error(String),
+    /// `:42`
+    Integer(i64),
+    /// `$2\r\nhi`
+    Bulk(Bytes),
+    /// `$-1` (and `*-1` when decoded).
+    Null,
+    /// `*2\r\n...`
+    Array(Vec<Frame>),
+}
+
+impl Frame {
+    /// A simple string from a literal.
+    pub fn simple(s: &str) -> Frame {
+        Frame::Simple(s.to_string())
+    }
+
+    /// A bulk string from anything byte-like.
+    pub fn bulk(b: impl Into<Bytes>) -> Frame {
+        Frame::Bulk(b.into())
+    }
+
+    /// An `-ERR message` error.
+    pub fn err(message: impl std::fmt::Display) -> Frame {
+        Frame::Error(format!("ERR {message}"))
+    }
+
+    /// An integer from an unsigned count, saturated to the RESP integer range.
+    pub fn uint(n: u64) -> Frame {
+        Frame::Integer(i64::try_from(n).unwrap_or(i64::MAX))
+    }
+}
+
+/// How much a request may declare and occupy.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Limits {
+    /// Longest bulk string, and longest inline command line, in bytes.
+    pub max_bulk: usize,
+    /// Most elements of one array.
+    pub max_elements: usize,
+    /// Longest whole request (an array with all its elements and headers), in bytes.
+    pub max_frame: usize,
+}
+
+/// Most elements of a request array: no command needs more (16 items of 3 arguments each).
+pub const MAX_ELEMENTS: usize = 1024;
+
+/// Longest header line (`*1024`, `$65536`): a sign and 19 digits fit.
+const MAX_HEADER: usize = 21;
+
+impl Limits {
+    /// The limits a node applies, from its configured `max_frame_bytes`: each bulk string and
+    /// inline line up to that size, and a whole request up to twice it (so a bulk string of
+    /// the largest size still fits with the rest of its command).
+    pub fn from_max_frame_bytes(max_frame_bytes: usize) -> Limits {
+        Limits {
+            max_bulk: max_frame_bytes,
+            max_elements: MAX_ELEMENTS,
+            max_frame: max_frame_bytes.saturating_mul(2),
+        }
+    }
+}
+
+/// Why a request was refused as malformed. The `Display` text follows Redis's wording where
+/// Redis has one; the server sends it as `-ERR Protocol error: <text>`.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum ProtocolError {
+    #[error("invalid multibulk length")]
+    InvalidMultibulkLength,
+    #[error("too many elements in request ({count}, at most {max})")]
+    TooManyElements { count: i64, max: usize },
+    #[error("invalid bulk length")]
+    InvalidBulkLength,
+    #[error("bulk string too large ({len} bytes, at most {max})")]
+    BulkTooLarge { len: i64, max: usize },
+    #[error("request too large (at most {max} bytes)")]
+    FrameTooLarge { max: usize },
+    #[error("expected '$', got '{}'", char::from(*.0).escape_default())]
+    ExpectedBulk(u8),
+    #[error("expected CRLF after bulk string")]
+    ExpectedCrlf,
+    #[error("too big inline request (at most {max} bytes)")]
+    InlineTooLong { max: usize },
+    #[error("unbalanced quotes in request")]
+    UnbalancedQuotes,
+    #[error("unexpected reply type '{}'", char::from(*.0).escape_default())]
+    UnexpectedType(u8),
+    #[error("reply nested too deeply")]
+    TooDeep,
+}
+
+impl ProtocolError {
+    /// A short label for metrics and logs.
+    pub fn reason(&self) -> &'static str {
+        match self {
+            ProtocolError::InvalidMultibulkLength => "invalid_multibulk_length",
+            ProtocolError::TooManyElements { .. } => "too_many_elements",
+            ProtocolError::InvalidBulkLength => "invalid_bulk_length",
+            ProtocolError::BulkTooLarge { .. } => "bulk_too_large",
+            ProtocolError::FrameTooLarge { .. } => "frame_too_large",
+            ProtocolError::ExpectedBulk(_) => "expected_bulk",
+            ProtocolError::ExpectedCrlf => "expected_crlf",
+            ProtocolError::InlineTooLong { .. } => "inline_too_long",
+            ProtocolError::UnbalancedQuotes => "unbalanced_quotes",
+            ProtocolError::UnexpectedType(_) => "unexpected_type",
+            ProtocolError::TooDeep => "too_deep",
+        }
+    }
+}
+
+/// Takes the first complete request out of `buf`: its arguments, which share `buf`'s memory.
+///
+/// `Ok(None)`: no complete request yet (nothing is consumed). Empty requests (`*0`, blank
+/// inline lines) are consumed and skipped, as Redis does. After an error the buffer's content
+/// is unspecified; the connection must be closed.
+pub fn parse_request(
+    buf: &mut BytesMut,
+    limits: &Limits,
+) -> Result<Option<Vec<Bytes>>, ProtocolError> {
+    loop {
+        let Some(&first) = buf.first() else {
+            return Ok(None);
+        };
+        if first == b'*' {
+            let Some((len, ranges)) = scan_array(buf, limits)? else {
+                return Ok(None);
+            };
+            let frame = buf.split_to(len).freeze();
+            if ranges.is_empty() {
+                continue;
+            }
+            return Ok(Some(ranges.into_iter().map(|r| frame.slice(r)).collect()));
+        }
+        let Some(end) = find_inline_end(buf, limits)? else {
+            return Ok(None);
+        };
+        let line = buf.split_to(end + 1);
+        let args = inline::split(strip_eol(&line))?;
+        if args.is_empty() {
+            continue;
+        }
+        return Ok(Some(args));
+    }
+}
+
+/// The line without its `\n` or `\r\n`.
+fn strip_eol(line: &[u8]) -> &[u8] {
+    let line = line.strip_suffix(b"\n").unwrap_or(line);
+    line.strip_suffix(b"\r").unwrap_or(line)
+}
+
+/// The index of the `\n` ending the inline command at the start of `buf`, if it has arrived.
+fn find_inline_end(buf: &[u8], limits: &Limits) -> Result<Option<usize>, ProtocolError> {
+    let window = &buf[..buf.len().min(limits.max_bulk.saturating_add(2))];
+    match window.iter().position(|&b| b == b'\n') {
+        Some(i) if strip_eol(&buf[..=i]).len() <= limits.max_bulk => Ok(Some(i)),
+        Some(_) => Err(ProtocolError::InlineTooLong {
+            max: limits.max_bulk,
+        }),
+        None if buf.len() > limits.max_bulk.saturating_add(1) => {
+            Err(ProtocolError::InlineTooLong {
+                max: limits.max_bulk,
+            })
+        }
+        None => Ok(None),
+    }
+}
+
+/// A complete array: its length in bytes and where each element's data lies.
+type Scanned = (usize, Vec<Range<usize>>);
+
+/// Checks the array at the start of `buf`, or `None` if it has not fully arrived.
+fn scan_array(buf: &[u8], limits: &Limits) -> Result<Option<Scanned>, ProtocolError> {
+    let Some((count, mut pos)) = header(buf, 1, ProtocolError::InvalidMultibulkLength)? else {
+        return Ok(None);
+    };
+    if count <= 0 {
+        return Ok(Some((pos, Vec::new())));
+    }
+    if count > limits.max_elements as i64 {
+        return Err(ProtocolError::TooManyElements {
+            count,
+            max: limits.max_elements,
+        });
+    }
+    // Grows with the elements that arrived; never sized from the declared count.
+    let mut ranges = Vec::new();
+    for _ in 0..count {
+        let Some(&kind) = buf.get(pos) else {
+            return Ok(None);
+        };
+        if kind != b'$' {
+            return Err(ProtocolError::ExpectedBulk(kind));
+        }
+        let Some((len, start)) = header(buf, pos + 1, ProtocolError::InvalidBulkLength)? else {
+            return Ok(None);
+        };
+        if len < 0 {
+            return Err(ProtocolError::InvalidBulkLength);
+        }
+        if len > limits.max_bulk as i64 {
+            return Err(ProtocolError::BulkTooLarge {
+                len,
+                max: limits.max_bulk,
+            });
+        }
+        // `len` <= max_bulk, so these sums cannot overflow in practice; saturate anyway.
+        let end = start.saturating_add(len as usize);
+        let next = end.saturating_add(2);
+        if next > limits.max_frame {
+            return Err(ProtocolError::FrameTooLarge {
+                max: limits.max_frame,
+            });
+        }
+        if buf.len() < next {
+            return Ok(None);
+        }
+        if &buf[end..next] != b"\r\n" {
+            return Err(ProtocolError::ExpectedCrlf);
+        }
+        ranges.push(start..end);
+        pos = next;
+    }
+    Ok(Some((pos, ranges)))
+}
+
+/// Reads the integer of a header line starting at `from` (just after its `*` or `$`) and
+/// ending with `\r\n`: the number and the index after the line, or `None` if the line has
+/// not fully arrived.
+fn header(
+    buf: &[u8],
+    from: usize,
+    bad: ProtocolError,
+) -> Result<Option<(i64, usize)>, ProtocolError> {
+    let rest = buf.get(from..).unwrap_or_default();
+    let window = &rest[..rest.len().min(MAX_HEADER + 1)];
+    let Some(cr) = window.iter().position(|&b| b == b'\r') else {
+        return if rest.len() > MAX_HEADER {
+            Err(bad)
+        } else {
+            Ok(None)
+        };
+    };
+    match rest.get(cr + 1) {
+        None => return Ok(None),
+        Some(b'\n') => {}
+        Some(_) => return Err(bad),
+    }
+    let n = parse_int(&rest[..cr]).ok_or(bad)?;
+    Ok(Some((n, from + cr + 2)))
+}
+
+/// A strict decimal integer: an optional `-`, then digits, no leading `+`, within `i64`.
+pub fn parse_int(text: &[u8]) -> Option<i64> {
+    let (negative, digits) = match text {
+        [b'-', rest @ ..] => (true, rest),
+        _ => (false, text),
+    };
+    if digits.is_empty() || digits.len() > 19 || !digits.iter().all(u8::is_ascii_digit) {
+        return None;
+    }
+    let mut n: i64 = 0;
+    for &d in digits {
+        n = n.checked_mul(10)?;
+        n = if negative {
+            n.checked_sub(i64::from(d - b'0'))?
+        } else {
+            n.checked_add(i64::from(d - b'0'))?
+        };
+    }
+    Some(n)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const LIMITS: Limits = Limits {
+        max_bulk: 16,
+        max_elements: 4,
+        max_frame: 48,
+    };
+
+    fn parse_all(input: &[u8]) -> Result<Vec<Vec<Vec<u8>>>, ProtocolError> {
+        let mut buf = BytesMut::from(input);
+        let mut out = Vec::new();
+        while let Some(args) = parse_request(&mut buf, &LIMITS)? {
+            out.push(args.iter().map(|a| a.to_vec()).collect());
+        }
+        Ok(out)
+    }
+
+    fn args(list: &[&str]) -> Vec<Vec<u8>> {
+        list.iter().map(|a| a.as_bytes().to_vec()).collect()
+    }
+
+    #[test]
+    fn an_array_of_bulk_strings_is_one_request() {
+        let got = parse_all(b"*2\r\n$4\r\nECHO\r\n$2\r\nhi\r\n").unwrap();
+        assert_eq!(got, vec![args(&["ECHO", "hi"])]);
+    }
+
+    #[test]
+    fn pipelined_requests_come_out_in_order() {
+        let got =
+            parse_all(b"*1\r\n$4\r\nPING\r\nECHO a\r\n*2\r\n$4\r\nECHO\r\n$0\r\n\r\n").unwrap();
+        assert_eq!(
+            got,
+            vec![args(&["PING"]), args(&["ECHO", "a"]), args(&["ECHO", ""])]
+        );
+    }
+
+    #[test]
+    fn a_request_split_anywhere_parses_the_same_once_complete() {
+        let whole = b"*3\r\n$2\r\nab\r\n$1\r\nc\r\n$3\r\ndef\r\nPING x\r\n";
+        for cut in 0..whole.len() {
+            let mut buf = BytesMut::from(&whole[..cut]);
+            let mut got = Vec::new();
+            while let Some(a) = parse_request(&mut buf, &LIMITS).unwrap() {
+                got.push(a);
+            }
+            buf.extend_from_slice(&whole[cut..]);
+            while let Some(a) = parse_request(&mut buf, &LIMITS).unwrap() {
+                got.push(a);
+            }
+            assert_eq!(got.len(), 2, "cut at {cut}");
+            assert_eq!(got[0], vec!["ab", "c", "def"]);
+            assert_eq!(got[1], vec!["PING", "x"]);
+            assert!(buf.is_empty());
+        }
+    }
+
+    #[test]
+    fn an_incomplete_request_consumes_nothing() {
+        let mut buf = BytesMut::from(&b"*2\r\n$4\r\nECHO\r\n$2\r\nh"[..]);
+        assert_eq!(parse_request(&mut buf, &LIMITS), Ok(None));
+        assert_eq!(buf.len(), 19);
+    }
+
+    #[test]
+    fn empty_arrays_and_blank_lines_are_skipped() {
+        assert_eq!(
+            parse_all(b"*0\r\n\r\n   \r\n*-1\r\nPING\n").unwrap(),
+            vec![args(&["PING"])]
+        );
+    }
+
+    #[test]
+    fn a_bulk_length_beyond_the_limit_is_refused_before_its_data_arrives() {
+        let mut buf = BytesMut::from(&b"*1\r\n$999999999\r\n"[..]);
+        assert_eq!(
+            parse_request(&mut buf, &LIMITS),
+            Err(ProtocolError::BulkTooLarge {
+                len: 999_999_999,
+                max: 16
+            })
+        );
+    }
+
+    #[test]
+    fn an_array_declaring_too_many_elements_is_refused_at_its_header() {
+        let mut buf = BytesMut::from(&b"*5\r\n"[..]);
+        assert_eq!(
+            parse_request(&mut buf, &LIMITS),
+            Err(ProtocolError::TooManyElements { count: 5, max: 4 })
+        );
+    }
+
+    #[test]
+    fn a_request_whose_elements_add_up_past_the_frame_limit_is_refused() {
+        let mut buf = BytesMut::from(&b"*4\r\n$16\r\n0123456789abcdef\r\n$16\r\n"[..]);
+        assert_eq!(
+            parse_request(&mut buf, &LIMITS),
+            Err(ProtocolError::FrameTooLarge { max: 48 })
+        );
+    }
+
+    #[test]
+    fn malformed_headers_are_typed_errors() {
+        let cases: &[(&[u8], ProtocolError)] = &[
+            (b"*x\r\n", ProtocolError::InvalidMultibulkLength),
+            (b"*+1\r\n", ProtocolError::InvalidMultibulkLength),
+            (b"*1\r\n$-1\r\n", ProtocolError::InvalidBulkLength),
+            (b"*1\r\n$1x\r\n", ProtocolError::InvalidBulkLength),
+            (b"*1\r\n:1\r\n", ProtocolError::ExpectedBulk(b':')),
+            (b"*1\r\n$1\r\nab\r\n", ProtocolError::ExpectedCrlf),
+            (b"*1\rx", ProtocolError::InvalidMultibulkLength),
+            (
+                b"*99999999999999999999999\r\n",
+                ProtocolError::InvalidMultibulkLength,
+            ),
+            (
+                b"*1\r\n$00000000000000000000000000001\r\n",
+                ProtocolError::InvalidBulkLength,
+            ),
+            (b"ECHO \"a\r\n", ProtocolError::UnbalancedQuotes),
+        ];
+        for (input, want) in cases {
+            assert_eq!(
+                parse_all(input).as_ref(),
+                Err(want),
+                "{:?}",
+                String::from_utf8_lossy(input)
+            );
+        }
+    }
+
+    #[test]
+    fn a_header_without_its_line_end_waits_until_it_is_too_long() {
+        assert_eq!(parse_all(b"*123"), Ok(vec![]));
+        assert_eq!(parse_all(b"*1\r\n$12"), Ok(vec![]));
+        assert_eq!(
+            parse_all(b"*1111111111111111111111"),
+            Err(ProtocolError::InvalidMultibulkLength)
+        );
+    }
+
+    #[test]
+    fn an_inline_line_longer_than_the_limit_is_refused_even_without_its_end() {
+        assert_eq!(parse_all(b"0123456789abcdef\r\n").unwrap().len(), 1);
+        assert_eq!(
+            parse_all(b"0123456789abcdefg\r\n"),
+            Err(ProtocolError::InlineTooLong { max: 16 })
+        );
+        assert_eq!(
+            parse_all(b"0123456789abcdefgh"),
+            Err(ProtocolError::InlineTooLong { max: 16 })
+        );
+        assert_eq!(parse_all(b"0123456789abcdef"), Ok(vec![]));
+    }
+
+    #[test]
+    fn integers_parse_strictly_within_i64() {
+        assert_eq!(parse_int(b"0"), Some(0));
+        assert_eq!(parse_int(b"-12"), Some(-12));
+        assert_eq!(parse_int(b"9223372036854775807"), Some(i64::MAX));
+        assert_eq!(parse_int(b"-9223372036854775808"), Some(i64::MIN));
+        assert_eq!(parse_int(b"9223372036854775808"), None);
+        for bad in [&b""[..], b"-", b"+1", b" 1", b"1 ", b"1.5", b"0x1"] {
+            assert_eq!(parse_int(bad), None);
+        }
+    }
+
+    #[test]
+    fn limits_from_the_config_allow_a_whole_frame_of_twice_the_bulk_limit() {
+        let l = Limits::from_max_frame_bytes(65536);
+        assert_eq!(
+            (l.max_bulk, l.max_elements, l.max_frame),
+            (65536, 1024, 131072)
+        );
+    }
+}

@@ -1,0 +1,132 @@
+//! The replies that let Redis tools talk to quorate: `HELLO`, `INFO`, `CONFIG GET`.
+//!
+//! redis-cli and redis-benchmark ask for these on connecting and stop or warn when they get
+//! an error, so each answers as a Redis 7.0 server would, with quorate's own numbers where it
+//! has them.
+
+use super::frame::Frame;
+use crate::service::Service;
+use bytes::Bytes;
+
+/// The Redis version quorate reports, for tools that check one.
+pub const REDIS_VERSION: &str = "7.0.0";
+
+/// `HELLO [2]`: a RESP2 array of field, value pairs.
+pub fn hello() -> Frame {
+    Frame::Array(vec![
+        Frame::bulk("server"),
+        Frame::bulk("quorate"),
+        Frame::bulk("version"),
+        Frame::bulk(env!("CARGO_PKG_VERSION")),
+        Frame::bulk("proto"),
+        Frame::Integer(2),
+        Frame::bulk("mode"),
+        Frame::bulk("standalone"),
+        Frame::bulk("role"),
+        Frame::bulk("master"),
+        Frame::bulk("modules"),
+        Frame::Array(vec![]),
+    ])
+}
+
+/// `CONFIG GET param ...`: `save` and `appendonly` (what redis-benchmark asks), nothing else.
+pub fn config_get(params: &[Bytes]) -> Frame {
+    let mut out = Vec::new();
+    for p in params {
+        let value = if p.eq_ignore_ascii_case(b"save") {
+            ""
+        } else if p.eq_ignore_ascii_case(b"appendonly") {
+            "no"
+        } else {
+            continue;
+        };
+        out.push(Frame::bulk(p.to_ascii_lowercase()));
+        out.push(Frame::bulk(value));
+    }
+    Frame::Array(out)
+}
+
+/// `INFO [section ...]`: the `server`, `clients` and `keyspace` sections (all of them when no
+/// section, `all`, `default` or `everything` is asked; unknown sections are empty, as in Redis).
+pub fn info(service: &Service, sections: &[Bytes]) -> Frame {
+    let wants = |name: &str| {
+        sections.is_empty()
+            || sections.iter().any(|s| {
+                s.eq_ignore_ascii_case(name.as_bytes())
+                    || [&b"all"[..], b"default", b"everything"]
+                        .iter()
+                        .any(|all| s.eq_ignore_ascii_case(all))
+            })
+    };
+    let status = service.status();
+    let config = service.config();
+    let mut parts = Vec::new();
+    if wants("server") {
+        parts.push(format!(
+            "# Server\r\nredis_version:{REDIS_VERSION}\r\nquorate_version:{}\r\nredis_mode:standalone\r\n\
+             shards:{}\r\nlimits:{}\r\ninline_limits:{}\r\n",
+            status.version,
+            config.shards,
+            status.limits.join(","),
+            if status.inline_allowed { "allowed" } else { "refused" },
+        ));
+    }
+    if wants("clients") {
+        let connected = service
+            .metrics()
+            .connections
+            .with_label_values(&["resp"])
+            .get();
+        parts.push(format!(
+            "# Clients\r\nconnected_clients:{connected}\r\nmaxclients:{}\r\n",
+            config.max_connections
+        ));
+    }
+    if wants("keyspace") {
+        parts.push(format!(
+            "# Keyspace\r\nkeys:{}\r\nmax_keys:{}\r\ndb0:keys={},expires=0,avg_ttl=0\r\n",
+            status.keys, status.max_keys, status.keys
+        ));
+    }
+    Frame::bulk(parts.join("\r\n"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn config_get_answers_what_redis_benchmark_asks_and_nothing_else() {
+        let params = [
+            Bytes::from_static(b"SAVE"),
+            Bytes::from_static(b"maxmemory"),
+            Bytes::from_static(b"appendonly"),
+        ];
+        assert_eq!(
+            config_get(&params),
+            Frame::Array(vec![
+                Frame::bulk("save"),
+                Frame::bulk(""),
+                Frame::bulk("appendonly"),
+                Frame::bulk("no"),
+            ])
+        );
+        assert_eq!(
+            config_get(&[Bytes::from_static(b"x")]),
+            Frame::Array(vec![])
+        );
+    }
+
+    #[test]
+    fn hello_says_protocol_two() {
+        let Frame::Array(fields) = hello() else {
+            panic!("not an array")
+        };
+        let proto = fields
+            .iter()
+            .position(|f| *f == Frame::bulk("proto"))
+            .unwrap();
+        assert_eq!(fields[proto + 1], Frame::Integer(2));
+        assert_eq!(fields[1], Frame::bulk("quorate"));
+    }
+}

@@ -1,0 +1,268 @@
+//! From the service's answers to RESP replies.
+//!
+//! `CL.THROTTLE` answers as redis-cell does, five integers:
+//! `[limited (0|1), limit (max_burst + 1), remaining, retry_after s (-1 when allowed or when
+//! the quantity can never fit), reset_after s]`, seconds rounded up so that waiting
+//! `retry_after` always suffices.
+//!
+//! `QR.CHECK` and `QR.PEEK` answer `[allowed (1|0), retry_after s, item...]`, where
+//! `retry_after` is -1 when allowed and -2 when some item can never succeed, and each item is
+//! `[limit, key, allowed (1|0), limit, remaining, retry_after ms, reset_after ms]`: times in
+//! milliseconds rounded up, the item's `retry_after` again -1 when it admitted and -2 when it
+//! never can.
+//!
+//! Errors of the service become `-ERR ...`, except "unavailable", which is `-TRYAGAIN ...`
+//! so that clients know a retry may succeed.
+
+use super::command::CheckReply;
+use super::frame::Frame;
+use crate::limiter::{ceil_secs, Decision, Nanos, Outcome};
+use crate::service::{CheckError, CheckResponse, ItemDecision};
+
+/// The reply to a decided check.
+pub fn check_reply(kind: CheckReply, resp: &CheckResponse) -> Frame {
+    match kind {
+        CheckReply::Throttle => throttle(resp),
+        CheckReply::Check => check(resp),
+    }
+}
+
+/// The reply to a check the service refused to decide.
+pub fn check_error(err: &CheckError) -> Frame {
+    match err {
+        CheckError::Unavailable(_) => Frame::Error(format!("TRYAGAIN {err}")),
+        CheckError::InvalidInput(_) | CheckError::UnknownLimit(..) => Frame::err(err),
+    }
+}
+
+/// The metrics label of a refused check, or `None` when the request was not at fault.
+pub fn error_reason(err: &CheckError) -> Option<&'static str> {
+    match err {
+        CheckError::InvalidInput(_) => Some("invalid_input"),
+        CheckError::UnknownLimit(..) => Some("unknown_limit"),
+        CheckError::Unavailable(_) => None,
+    }
+}
+
+fn throttle(resp: &CheckResponse) -> Frame {
+    let Some(item) = resp.items.first() else {
+        return Frame::err("internal error: the check returned no decision");
+    };
+    let d = &item.decision;
+    let retry_after = match (resp.allowed, d.outcome) {
+        (true, _) | (false, Outcome::Never) => Frame::Integer(-1),
+        (false, _) => Frame::uint(d.retry_after_secs()),
+    };
+    Frame::Array(vec![
+        Frame::Integer(i64::from(!resp.allowed)),
+        Frame::uint(d.limit),
+        Frame::uint(d.remaining),
+        retry_after,
+        Frame::uint(d.reset_after_secs()),
+    ])
+}
+
+fn check(resp: &CheckResponse) -> Frame {
+    let retry_after = match (resp.allowed, resp.retry_after()) {
+        (true, _) => Frame::Integer(-1),
+        (false, None) => Frame::Integer(-2),
+        (false, Some(ns)) => Frame::uint(ceil_secs(ns)),
+    };
+    let mut out = Vec::with_capacity(2 + resp.items.len());
+    out.push(Frame::Integer(i64::from(resp.allowed)));
+    out.push(retry_after);
+    out.extend(resp.items.iter().map(item));
+    Frame::Array(out)
+}
+
+fn item(i: &ItemDecision) -> Frame {
+    let d: &Decision = &i.decision;
+    let retry_after = match d.outcome {
+        Outcome::Allowed => Frame::Integer(-1),
+        Outcome::Never => Frame::Integer(-2),
+        Outcome::Denied => Frame::uint(ceil_millis(d.retry_after)),
+    };
+    Frame::Array(vec![
+        Frame::bulk(i.limit.clone()),
+        Frame::bulk(i.key.clone()),
+        Frame::Integer(i64::from(d.allowed())),
+        Frame::uint(d.limit),
+        Frame::uint(d.remaining),
+        retry_after,
+        Frame::uint(ceil_millis(d.reset_after)),
+    ])
+}
+
+/// Nanoseconds to whole milliseconds, rounded up.
+pub fn ceil_millis(ns: Nanos) -> u64 {
+    ns.div_ceil(1_000_000)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::encode::to_bytes;
+    use super::*;
+    use crate::limiter::{Algorithm, SECOND};
+
+    fn decision(
+        outcome: Outcome,
+        limit: u64,
+        remaining: u64,
+        retry: Nanos,
+        reset: Nanos,
+    ) -> Decision {
+        Decision {
+            outcome,
+            limit,
+            remaining,
+            reset_after: reset,
+            retry_after: retry,
+            delay: 0,
+        }
+    }
+
+    fn item(limit: &str, key: &str, d: Decision) -> ItemDecision {
+        ItemDecision {
+            limit: limit.into(),
+            key: key.into(),
+            algorithm: Algorithm::Gcra,
+            period_ns: 60 * SECOND,
+            decision: d,
+            shadow: false,
+            fallback: false,
+        }
+    }
+
+    fn wire(f: Frame) -> String {
+        String::from_utf8(to_bytes(&f).to_vec()).unwrap()
+    }
+
+    #[test]
+    fn an_allowed_throttle_replies_like_redis_cell() {
+        let resp = CheckResponse {
+            allowed: true,
+            items: vec![item(
+                "cl.throttle",
+                "user123",
+                decision(Outcome::Allowed, 16, 15, 0, 2 * SECOND),
+            )],
+        };
+        assert_eq!(
+            wire(check_reply(CheckReply::Throttle, &resp)),
+            "*5\r\n:0\r\n:16\r\n:15\r\n:-1\r\n:2\r\n"
+        );
+    }
+
+    #[test]
+    fn a_limited_throttle_rounds_its_waits_up() {
+        let resp = CheckResponse {
+            allowed: false,
+            items: vec![item(
+                "cl.throttle",
+                "k",
+                decision(Outcome::Denied, 16, 0, 1, 31 * SECOND + 1),
+            )],
+        };
+        assert_eq!(
+            wire(check_reply(CheckReply::Throttle, &resp)),
+            "*5\r\n:1\r\n:16\r\n:0\r\n:1\r\n:32\r\n"
+        );
+    }
+
+    #[test]
+    fn a_quantity_that_can_never_fit_is_limited_with_retry_minus_one() {
+        let resp = CheckResponse {
+            allowed: false,
+            items: vec![item(
+                "cl.throttle",
+                "k",
+                decision(Outcome::Never, 16, 16, 0, 0),
+            )],
+        };
+        assert_eq!(
+            wire(check_reply(CheckReply::Throttle, &resp)),
+            "*5\r\n:1\r\n:16\r\n:16\r\n:-1\r\n:0\r\n"
+        );
+    }
+
+    #[test]
+    fn a_check_reply_lists_every_item_with_millisecond_waits() {
+        let resp = CheckResponse {
+            allowed: false,
+            items: vec![
+                item(
+                    "api",
+                    "k",
+                    decision(Outcome::Allowed, 200, 199, 0, 10_000_001),
+                ),
+                item(
+                    "login",
+                    "k",
+                    decision(Outcome::Denied, 5, 0, 1_500_000_001, 60 * SECOND),
+                ),
+            ],
+        };
+        assert_eq!(
+            wire(check_reply(CheckReply::Check, &resp)),
+            "*4\r\n:0\r\n:2\r\n\
+             *7\r\n$3\r\napi\r\n$1\r\nk\r\n:1\r\n:200\r\n:199\r\n:-1\r\n:11\r\n\
+             *7\r\n$5\r\nlogin\r\n$1\r\nk\r\n:0\r\n:5\r\n:0\r\n:1501\r\n:60000\r\n"
+        );
+    }
+
+    #[test]
+    fn a_check_that_can_never_succeed_says_minus_two() {
+        let resp = CheckResponse {
+            allowed: false,
+            items: vec![item("login", "k", decision(Outcome::Never, 5, 5, 0, 0))],
+        };
+        assert_eq!(
+            wire(check_reply(CheckReply::Check, &resp)),
+            "*3\r\n:0\r\n:-2\r\n*7\r\n$5\r\nlogin\r\n$1\r\nk\r\n:0\r\n:5\r\n:5\r\n:-2\r\n:0\r\n"
+        );
+    }
+
+    #[test]
+    fn an_allowed_check_says_minus_one() {
+        let resp = CheckResponse {
+            allowed: true,
+            items: vec![item(
+                "login",
+                "k",
+                decision(Outcome::Allowed, 5, 4, 0, 60 * SECOND),
+            )],
+        };
+        assert!(wire(check_reply(CheckReply::Check, &resp)).starts_with("*3\r\n:1\r\n:-1\r\n"));
+    }
+
+    #[test]
+    fn service_errors_become_err_and_unavailable_becomes_tryagain() {
+        assert_eq!(
+            check_error(&CheckError::InvalidInput(
+                "inline limits are disabled".into()
+            )),
+            Frame::Error("ERR inline limits are disabled".into())
+        );
+        assert_eq!(
+            check_error(&CheckError::Unavailable("shutting down".into())),
+            Frame::Error("TRYAGAIN unavailable: shutting down".into())
+        );
+        assert_eq!(error_reason(&CheckError::Unavailable("x".into())), None);
+        assert_eq!(
+            error_reason(&CheckError::UnknownLimit("x".into(), "a".into())),
+            Some("unknown_limit")
+        );
+    }
+
+    #[test]
+    fn a_throttle_answer_without_items_is_an_error_not_a_panic() {
+        let resp = CheckResponse {
+            allowed: true,
+            items: vec![],
+        };
+        assert!(matches!(
+            check_reply(CheckReply::Throttle, &resp),
+            Frame::Error(_)
+        ));
+    }
+}

@@ -1,0 +1,384 @@
+//! `quorate::client::Client`: a typed client for a quorate node, over RESP.
+//!
+//! A small pool of connections (each carries one request at a time; a call takes a free one,
+//! or waits for the next one in turn); every call is bounded by a timeout; a connection that
+//! fails or times out is dropped and a fresh one is opened by the next call, so one broken
+//! connection never poisons later calls. Connections go through the
+//! [`Connector`](crate::net::Connector) seam, so the same client runs over TCP and in the
+//! simulation.
+//!
+//! [`Client::check_with_retry`] retries with the policy of [`retry`]: a denial is retried
+//! after exactly the wait the node gave (if the policy allows that long); a transport error
+//! or `TRYAGAIN` after a jittered backoff. Pass a request id to make transport retries safe:
+//! the node answers a repeated id from memory instead of spending twice. (A denial is retried
+//! under a derived id, `ID~1`, `ID~2`..., since a repeated id would only repeat the denial.)
+//!
+//! ```
+//! use quorate::api::resp::serve;
+//! use quorate::client::{Client, Wait};
+//! use quorate::clock::SystemClock;
+//! use quorate::config::NodeConfig;
+//! use quorate::net::{tcp::TcpListener, Listener};
+//! use quorate::policy::PolicySet;
+//! use quorate::service::Service;
+//! use std::sync::Arc;
+//!
+//! # #[tokio::main(flavor = "current_thread")]
+//! # async fn main() {
+//! // A node on a free loopback port...
+//! let config = NodeConfig::default();
+//! let service = Service::start(config, PolicySet::default_policies(), Arc::new(SystemClock::new()))
+//!     .await
+//!     .unwrap();
+//! let listener = TcpListener::bind("127.0.0.1:0".parse().unwrap()).await.unwrap();
+//! let addr = listener.local_addr().unwrap();
+//! tokio::spawn(serve(listener, service, std::future::pending()));
+//!
+//! // ...and a client.
+//! let client = Client::new(addr);
+//! // redis-cell's CL.THROTTLE: 30 per 60 s with bursts of 16.
+//! let t = client.throttle("user123", 15, 30, 60, 1).await.unwrap();
+//! assert!(!t.limited);
+//! assert_eq!((t.limit, t.remaining), (16, 15));
+//! // Named limits of the policy file, all-or-nothing, with an idempotency id.
+//! let a = client.check(&[("login", "alice", 1), ("api", "key-1", 1)], Some("req-1")).await.unwrap();
+//! assert!(a.allowed);
+//! assert_eq!(a.wait, Wait::Now);
+//! assert_eq!(a.items[0].remaining, 4);
+//! # }
+//! ```
+
+pub mod resp;
+pub mod retry;
+
+use crate::api::resp::frame::Frame;
+use crate::net::tcp::TcpConnector;
+use crate::net::Connector;
+use resp::{CallError, Conn};
+use retry::RetryPolicy;
+use std::hash::BuildHasher;
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+use tokio::sync::{Mutex, MutexGuard};
+
+/// How a [`Client`] connects and how long it waits.
+#[derive(Debug, Clone)]
+pub struct ClientConfig {
+    /// Connections in the pool: how many calls can be in flight at once (at least 1).
+    pub connections: usize,
+    /// The longest a call may take, waiting for a connection included.
+    pub timeout: Duration,
+    /// Seed of the retry jitter (fix it for reproducible simulations).
+    pub jitter_seed: u64,
+}
+
+impl Default for ClientConfig {
+    /// 4 connections, 1 s timeout, a jitter seed that differs between clients.
+    fn default() -> Self {
+        ClientConfig {
+            connections: 4,
+            timeout: Duration::from_secs(1),
+            jitter_seed: std::collections::hash_map::RandomState::new().hash_one(0u8),
+        }
+    }
+}
+
+/// Why a call failed. A denial is not an error: it is an answer with `allowed: false`.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum ClientError {
+    #[error("cannot connect: {0}")]
+    Connect(String),
+    #[error("connection failed: {0}")]
+    Io(String),
+    #[error("no answer within {0:?}")]
+    Timeout(Duration),
+    /// The server's reply was malformed or not the expected shape.
+    #[error("protocol error: {0}")]
+    Protocol(String),
+    /// The server refused the request (`-ERR ...`): bad input, unknown limit...
+    #[error("server error: {0}")]
+    Server(String),
+    /// The node cannot decide now (`-TRYAGAIN`); a retry may succeed.
+    #[error("node unavailable: {0}")]
+    Unavailable(String),
+}
+
+impl ClientError {
+    /// True when trying again may succeed (the request itself was not at fault).
+    pub fn is_retryable(&self) -> bool {
+        matches!(
+            self,
+            ClientError::Connect(_)
+                | ClientError::Io(_)
+                | ClientError::Timeout(_)
+                | ClientError::Unavailable(_)
+        )
+    }
+}
+
+/// How long before a request could succeed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Wait {
+    /// It was admitted (no wait).
+    Now,
+    /// Denied; the same request would be admitted after this long if nothing else spent.
+    After(Duration),
+    /// Denied, and it can never be admitted (a cost above the limit's capacity).
+    Never,
+}
+
+/// The decision on one item of a check.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ItemAnswer {
+    pub limit: String,
+    pub key: String,
+    pub allowed: bool,
+    /// The most one key can be granted at once.
+    pub capacity: u64,
+    /// The largest cost that would be admitted now.
+    pub remaining: u64,
+    /// Millisecond precision, rounded up.
+    pub retry_after: Wait,
+    /// Time until the key is as if never seen; millisecond precision, rounded up.
+    pub reset_after: Duration,
+}
+
+/// The answer to a check (`QR.CHECK`) or a peek.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CheckAnswer {
+    /// True when every item admitted (and so each was spent); false when none was spent.
+    pub allowed: bool,
+    /// The wait before the whole check could succeed.
+    pub wait: Wait,
+    pub items: Vec<ItemAnswer>,
+}
+
+/// The answer to `CL.THROTTLE`, redis-cell's five fields.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ThrottleAnswer {
+    pub limited: bool,
+    /// `max_burst + 1`.
+    pub limit: u64,
+    pub remaining: u64,
+    /// When limited (and the quantity can ever fit): whole seconds, rounded up.
+    pub retry_after: Option<Duration>,
+    /// Whole seconds, rounded up.
+    pub reset_after: Duration,
+}
+
+/// A pooled RESP client of one node. Cheap to clone (clones share the pool).
+pub struct Client<C: Connector = TcpConnector> {
+    shared: Arc<Shared<C>>,
+}
+
+impl<C: Connector> Clone for Client<C> {
+    fn clone(&self) -> Self {
+        Client {
+            shared: self.shared.clone(),
+        }
+    }
+}
+
+struct Shared<C: Connector> {
+    addr: SocketAddr,
+    connector: C,
+    config: ClientConfig,
+    /// One slot per pooled connection; `None` until first used or after a failure.
+    slots: Vec<Mutex<Option<Conn<C::Conn>>>>,
+    next: AtomicUsize,
+    jitter: AtomicU64,
+}
+
+impl Client<TcpConnector> {
+    /// A client of the node at `addr` over TCP, with the default configuration. Connections
+    /// are opened when first needed.
+    pub fn new(addr: SocketAddr) -> Self {
+        Client::with_connector(addr, TcpConnector, ClientConfig::default())
+    }
+}
+
+impl<C: Connector> Client<C> {
+    pub fn with_connector(addr: SocketAddr, connector: C, config: ClientConfig) -> Self {
+        let slots = (0..config.connections.max(1))
+            .map(|_| Mutex::new(None))
+            .collect();
+        let jitter = AtomicU64::new(config.jitter_seed);
+        Client {
+            shared: Arc::new(Shared {
+                addr,
+                connector,
+                config,
+                slots,
+                next: AtomicUsize::new(0),
+                jitter,
+            }),
+        }
+    }
+
+    /// Spends `cost` of each `(limit, key, cost)`, all-or-nothing (`QR.CHECK`). With a
+    /// `request_id`, a repeat within the node's idempotency horizon gets the first answer and
+    /// spends nothing more.
+    pub async fn check(
+        &self,
+        items: &[(&str, &str, u64)],
+        request_id: Option<&str>,
+    ) -> Result<CheckAnswer, ClientError> {
+        let costs: Vec<String> = items.iter().map(|(_, _, c)| c.to_string()).collect();
+        let mut args: Vec<&[u8]> = vec![b"QR.CHECK"];
+        if let Some(id) = request_id {
+            args.extend([&b"ID"[..], id.as_bytes()]);
+        }
+        for ((limit, key, _), cost) in items.iter().zip(&costs) {
+            args.extend([limit.as_bytes(), key.as_bytes(), cost.as_bytes()]);
+        }
+        resp::check_answer(self.call(&args).await?)
+    }
+
+    /// What a check of cost 0 would say, spending nothing (`QR.PEEK`).
+    pub async fn peek(&self, limit: &str, key: &str) -> Result<CheckAnswer, ClientError> {
+        resp::check_answer(
+            self.call(&[b"QR.PEEK", limit.as_bytes(), key.as_bytes()])
+                .await?,
+        )
+    }
+
+    /// redis-cell's `CL.THROTTLE key max_burst count period quantity`: `count` per `period`
+    /// seconds, bursts of `max_burst + 1`.
+    pub async fn throttle(
+        &self,
+        key: &str,
+        max_burst: u64,
+        count: u64,
+        period_secs: u64,
+        quantity: u64,
+    ) -> Result<ThrottleAnswer, ClientError> {
+        let nums = [max_burst, count, period_secs, quantity].map(|n| n.to_string());
+        let mut args: Vec<&[u8]> = vec![b"CL.THROTTLE", key.as_bytes()];
+        args.extend(nums.iter().map(|n| n.as_bytes()));
+        resp::throttle_answer(self.call(&args).await?)
+    }
+
+    /// `PING`: true when the node answered `PONG`.
+    pub async fn ping(&self) -> Result<(), ClientError> {
+        match self.call(&[b"PING"]).await? {
+            Frame::Simple(s) if s == "PONG" => Ok(()),
+            Frame::Error(m) => Err(resp::server_error(m)),
+            other => Err(ClientError::Protocol(format!(
+                "expected PONG, got {other:?}"
+            ))),
+        }
+    }
+
+    /// [`Client::check`], retried under `policy`: a denial after the node's wait (when the
+    /// policy would wait that long), a retryable error after a jittered backoff. Returns the
+    /// last answer (allowed, or the denial the policy gave up on) or the last error.
+    pub async fn check_with_retry(
+        &self,
+        items: &[(&str, &str, u64)],
+        request_id: Option<&str>,
+        policy: &RetryPolicy,
+    ) -> Result<CheckAnswer, ClientError> {
+        let mut waited = Duration::ZERO;
+        let mut denials = 0u32;
+        let mut attempt = 0u32;
+        loop {
+            let id = request_id.map(|id| match denials {
+                0 => id.to_string(),
+                n => format!("{id}~{n}"),
+            });
+            let outcome = self.check(items, id.as_deref()).await;
+            let retry_after = match &outcome {
+                Ok(a) => match a.wait {
+                    Wait::After(d) if !a.allowed => Some(d),
+                    _ => return outcome,
+                },
+                Err(e) if e.is_retryable() => None,
+                Err(_) => return outcome,
+            };
+            let Some(delay) = policy.delay_within(attempt, waited, retry_after, self.next_random())
+            else {
+                return outcome;
+            };
+            if outcome.is_ok() {
+                denials = denials.saturating_add(1);
+            }
+            tokio::time::sleep(delay).await;
+            waited = waited.saturating_add(delay);
+            attempt = attempt.saturating_add(1);
+        }
+    }
+
+    /// Sends one request and returns its reply (a server error reply is `Ok(Frame::Error)`),
+    /// within the timeout.
+    async fn call(&self, args: &[&[u8]]) -> Result<Frame, ClientError> {
+        let timeout = self.shared.config.timeout;
+        tokio::time::timeout(timeout, self.call_untimed(args))
+            .await
+            .unwrap_or(Err(ClientError::Timeout(timeout)))
+    }
+
+    async fn call_untimed(&self, args: &[&[u8]]) -> Result<Frame, ClientError> {
+        let mut slot = self.slot().await;
+        // The connection is taken out of its slot for the call: if the call fails, or is
+        // cancelled by the timeout halfway, it is dropped (closed) rather than left holding
+        // a reply that the next call would read.
+        let mut conn = match slot.take() {
+            Some(conn) => conn,
+            None => self.connect().await?,
+        };
+        let result = match conn.call(args).await {
+            Err(CallError::ClosedBeforeReply(_)) if conn.used => {
+                // The node had closed this pooled connection (idle) before our request:
+                // nothing was decided, so send it once more on a fresh connection.
+                conn = self.connect().await?;
+                conn.call(args).await
+            }
+            other => other,
+        };
+        match result {
+            Ok((frame, keep)) => {
+                if keep {
+                    *slot = Some(conn);
+                }
+                Ok(frame)
+            }
+            Err(CallError::ClosedBeforeReply(m)) => Err(ClientError::Io(m)),
+            Err(CallError::Other(e)) => Err(e),
+        }
+    }
+
+    /// A free pooled slot, or the next one in turn when all are busy.
+    async fn slot(&self) -> MutexGuard<'_, Option<Conn<C::Conn>>> {
+        let slots = &self.shared.slots;
+        let start = self.shared.next.fetch_add(1, Ordering::Relaxed);
+        for i in 0..slots.len() {
+            if let Ok(guard) = slots[(start + i) % slots.len()].try_lock() {
+                return guard;
+            }
+        }
+        slots[start % slots.len()].lock().await
+    }
+
+    async fn connect(&self) -> Result<Conn<C::Conn>, ClientError> {
+        self.shared
+            .connector
+            .connect(self.shared.addr)
+            .await
+            .map(Conn::new)
+            .map_err(|e| ClientError::Connect(format!("{}: {e}", self.shared.addr)))
+    }
+
+    /// The next jitter draw (splitmix64).
+    fn next_random(&self) -> u64 {
+        let mut z = self
+            .shared
+            .jitter
+            .fetch_add(0x9E37_79B9_7F4A_7C15, Ordering::Relaxed)
+            .wrapping_add(0x9E37_79B9_7F4A_7C15);
+        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+        z ^ (z >> 31)
+    }
+}

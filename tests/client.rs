@@ -1,0 +1,267 @@
+//! `quorate::client::Client` against a node served in-process on loopback.
+
+use quorate::api::resp::serve;
+use quorate::client::retry::RetryPolicy;
+use quorate::client::{Client, ClientConfig, ClientError, Wait};
+use quorate::clock::SystemClock;
+use quorate::config::NodeConfig;
+use quorate::net::tcp::{TcpConnector, TcpListener};
+use quorate::net::Listener;
+use quorate::policy::PolicySet;
+use quorate::service::Service;
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+use tokio::io::AsyncReadExt;
+
+/// The default policies plus `fast`: 1 per 300 ms, so retries are quick to test.
+fn policies() -> PolicySet {
+    let mut text = include_str!("../quorate.toml").to_string();
+    text.push_str(
+        "\n[limits.fast]\nalgorithm = \"gcra\"\nlimit = 1\nperiod = \"300ms\"\nburst = 1\n",
+    );
+    PolicySet::from_toml(&text).unwrap()
+}
+
+async fn node(tweak: impl FnOnce(&mut NodeConfig)) -> SocketAddr {
+    let mut config = NodeConfig {
+        http_addr: "127.0.0.1:0".parse().unwrap(),
+        resp_addr: "127.0.0.1:0".parse().unwrap(),
+        ..NodeConfig::default()
+    };
+    tweak(&mut config);
+    let service = Service::start(config, policies(), Arc::new(SystemClock::new()))
+        .await
+        .unwrap();
+    let listener = TcpListener::bind("127.0.0.1:0".parse().unwrap())
+        .await
+        .unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(serve(listener, service, std::future::pending()));
+    addr
+}
+
+fn client(addr: SocketAddr, connections: usize) -> Client {
+    Client::with_connector(
+        addr,
+        TcpConnector,
+        ClientConfig {
+            connections,
+            timeout: Duration::from_secs(2),
+            jitter_seed: 7,
+        },
+    )
+}
+
+#[tokio::test]
+async fn ping_answers_without_the_service() {
+    let c = client(node(|_| {}).await, 1);
+    c.ping().await.unwrap();
+}
+
+#[tokio::test]
+async fn check_spends_all_or_nothing_and_peek_spends_nothing() {
+    let c = client(node(|_| {}).await, 2);
+    let a = c.check(&[("login", "alice", 5)], None).await.unwrap();
+    assert!(a.allowed);
+    assert_eq!(a.wait, Wait::Now);
+    assert_eq!((a.items[0].capacity, a.items[0].remaining), (5, 0));
+    assert_eq!(a.items[0].reset_after, Duration::from_secs(60));
+
+    let denied = c
+        .check(&[("api", "alice", 1), ("login", "alice", 1)], None)
+        .await
+        .unwrap();
+    assert!(!denied.allowed);
+    let Wait::After(wait) = denied.wait else {
+        panic!("expected a wait, got {:?}", denied.wait)
+    };
+    assert!(
+        wait > Duration::from_secs(59) && wait <= Duration::from_secs(60),
+        "{wait:?}"
+    );
+    assert_eq!(denied.items[1].limit, "login");
+    assert!(!denied.items[1].allowed);
+
+    let peek = c.peek("api", "alice").await.unwrap();
+    assert_eq!(
+        peek.items[0].remaining, 200,
+        "api was not spent by the denied check"
+    );
+}
+
+#[tokio::test]
+async fn a_cost_that_can_never_fit_waits_never() {
+    let c = client(node(|_| {}).await, 1);
+    let a = c.check(&[("login", "bob", 6)], None).await.unwrap();
+    assert_eq!((a.allowed, a.wait), (false, Wait::Never));
+}
+
+#[tokio::test]
+async fn throttle_gives_redis_cell_answers() {
+    let c = client(node(|_| {}).await, 1);
+    let t = c.throttle("user123", 15, 30, 60, 1).await.unwrap();
+    assert!(!t.limited);
+    assert_eq!((t.limit, t.remaining, t.retry_after), (16, 15, None));
+    assert_eq!(t.reset_after, Duration::from_secs(2));
+    let t = c.throttle("user123", 15, 30, 60, 15).await.unwrap();
+    assert_eq!((t.limited, t.remaining), (false, 0));
+    let t = c.throttle("user123", 15, 30, 60, 1).await.unwrap();
+    assert!(t.limited);
+    assert_eq!(t.retry_after, Some(Duration::from_secs(2)));
+}
+
+#[tokio::test]
+async fn server_errors_are_typed_and_not_retryable() {
+    let c = client(node(|_| {}).await, 1);
+    let e = c.check(&[("nope", "k", 1)], None).await.unwrap_err();
+    assert!(
+        matches!(&e, ClientError::Server(m) if m.starts_with("ERR unknown limit")),
+        "{e:?}"
+    );
+    assert!(!e.is_retryable());
+    let e = c.throttle("k", 15, 0, 60, 1).await.unwrap_err();
+    assert_eq!(
+        e,
+        ClientError::Server("ERR count must be a positive integer".into())
+    );
+    // The connection survived the error replies.
+    c.ping().await.unwrap();
+}
+
+#[tokio::test]
+async fn check_with_retry_waits_the_nodes_retry_after_then_succeeds() {
+    let c = client(node(|_| {}).await, 1);
+    assert!(c.check(&[("fast", "k", 1)], None).await.unwrap().allowed);
+    let policy = RetryPolicy {
+        max_attempts: 3,
+        base: Duration::from_millis(10),
+        cap: Duration::from_secs(1),
+        max_total: Duration::from_secs(2),
+    };
+    let started = Instant::now();
+    let a = c
+        .check_with_retry(&[("fast", "k", 1)], Some("retry-1"), &policy)
+        .await
+        .unwrap();
+    let took = started.elapsed();
+    assert!(a.allowed, "{a:?}");
+    assert!(
+        took >= Duration::from_millis(250),
+        "retried before the node's wait: {took:?}"
+    );
+    assert!(
+        took < Duration::from_millis(900),
+        "waited far longer than needed: {took:?}"
+    );
+}
+
+#[tokio::test]
+async fn check_with_retry_gives_up_when_the_wait_is_beyond_the_cap() {
+    let c = client(node(|_| {}).await, 1);
+    assert!(c.check(&[("fast", "g", 1)], None).await.unwrap().allowed);
+    let policy = RetryPolicy {
+        max_attempts: 5,
+        base: Duration::from_millis(10),
+        cap: Duration::from_millis(50),
+        max_total: Duration::from_secs(1),
+    };
+    let started = Instant::now();
+    let a = c
+        .check_with_retry(&[("fast", "g", 1)], None, &policy)
+        .await
+        .unwrap();
+    assert!(!a.allowed);
+    assert!(matches!(a.wait, Wait::After(_)));
+    assert!(
+        started.elapsed() < Duration::from_millis(200),
+        "it should not have waited"
+    );
+}
+
+#[tokio::test]
+async fn check_with_retry_does_not_retry_what_can_never_succeed() {
+    let c = client(node(|_| {}).await, 1);
+    let a = c
+        .check_with_retry(&[("fast", "n", 2)], None, &RetryPolicy::default())
+        .await
+        .unwrap();
+    assert_eq!(a.wait, Wait::Never);
+}
+
+#[tokio::test]
+async fn a_connection_the_node_closed_as_idle_is_replaced_transparently() {
+    let addr = node(|c| c.idle_timeout = Duration::from_millis(100)).await;
+    let c = client(addr, 1);
+    c.ping().await.unwrap();
+    tokio::time::sleep(Duration::from_millis(400)).await;
+    c.ping().await.unwrap();
+    let t = c.throttle("idle", 15, 30, 60, 1).await.unwrap();
+    assert_eq!(t.remaining, 15);
+}
+
+#[tokio::test]
+async fn a_node_that_never_answers_times_out_and_the_next_call_reconnects() {
+    // A listener that accepts and reads but never replies.
+    let listener = TcpListener::bind("127.0.0.1:0".parse().unwrap())
+        .await
+        .unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(async move {
+        let mut listener = listener;
+        while let Ok((mut s, _)) = listener.accept().await {
+            tokio::spawn(async move {
+                let mut sink = vec![0u8; 1024];
+                while matches!(s.read(&mut sink).await, Ok(n) if n > 0) {}
+            });
+        }
+    });
+    let c = Client::with_connector(
+        addr,
+        TcpConnector,
+        ClientConfig {
+            connections: 1,
+            timeout: Duration::from_millis(200),
+            jitter_seed: 1,
+        },
+    );
+    let started = Instant::now();
+    assert_eq!(
+        c.ping().await,
+        Err(ClientError::Timeout(Duration::from_millis(200)))
+    );
+    assert!(started.elapsed() < Duration::from_secs(1));
+    assert!(ClientError::Timeout(Duration::ZERO).is_retryable());
+    assert!(matches!(c.ping().await, Err(ClientError::Timeout(_))));
+}
+
+#[tokio::test]
+async fn nothing_listening_is_a_retryable_connect_error() {
+    let listener = TcpListener::bind("127.0.0.1:0".parse().unwrap())
+        .await
+        .unwrap();
+    let addr = listener.local_addr().unwrap();
+    drop(listener);
+    let e = client(addr, 1).ping().await.unwrap_err();
+    assert!(matches!(e, ClientError::Connect(_)), "{e:?}");
+    assert!(e.is_retryable());
+}
+
+#[tokio::test]
+async fn many_concurrent_calls_share_a_small_pool() {
+    let c = client(node(|_| {}).await, 3);
+    let calls = (0..50).map(|i| {
+        let c = c.clone();
+        tokio::spawn(async move { c.throttle(&format!("pool-{}", i % 5), 100, 1, 60, 1).await })
+    });
+    let mut answers = Vec::new();
+    for call in calls {
+        answers.push(call.await.unwrap().unwrap());
+    }
+    assert!(answers.iter().all(|a| !a.limited));
+    let mut remaining: Vec<u64> = answers.iter().map(|a| a.remaining).collect();
+    remaining.sort_unstable();
+    // 5 keys x 10 calls each: remaining 100..=91 per key.
+    let want: Vec<u64> = (91..=100).flat_map(|r| [r; 5]).collect();
+    assert_eq!(remaining, want);
+}
