@@ -9,6 +9,11 @@ use std::io::Write;
 use std::path::PathBuf;
 use std::process::ExitCode;
 
+/// mimalloc: the node allocates small, short-lived buffers per request; glibc's malloc took
+/// about a fifth of a pipelined node's CPU in a profile (docs/benchmarks.md).
+#[global_allocator]
+static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 #[derive(Debug, Parser)]
 #[command(
     name = "quorate",
