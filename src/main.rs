@@ -36,6 +36,14 @@ enum Command {
         underscores), then the defaults, in that order. SIGHUP or POST /v1/admin/reload \
         re-reads the policy file without dropping state; Ctrl-C or SIGTERM stops gracefully.")]
     Node(Box<NodeArgs>),
+    /// Ask a running node whether KEY may spend COST of LIMIT now (exit 0 admitted, 1 denied).
+    #[command(
+        long_about = "Ask a running node whether KEY may spend COST of the named LIMIT now.\n\n\
+        Spends the cost when admitted (use --peek to look without spending). Prints the \
+        decision; exits 0 when admitted, 1 when denied, 2 on bad input or when the node \
+        cannot be reached."
+    )]
+    Check(CheckArgs),
     /// Simulate workloads against the rate-limiting algorithms and compare what they admit.
     #[command(
         long_about = "Simulate workloads against the rate-limiting algorithms.\n\n\
@@ -59,6 +67,26 @@ struct NodeArgs {
     log: String,
     #[command(flatten)]
     options: NodeOptions,
+}
+
+#[derive(Debug, Args)]
+struct CheckArgs {
+    /// The limit's name in the node's policy file.
+    limit: String,
+    /// The key to spend on (account, IP, API key...).
+    key: String,
+    /// Units to spend.
+    #[arg(long, env = "QUORATE_COST", default_value_t = 1)]
+    cost: u64,
+    /// Look without spending (QR.PEEK).
+    #[arg(long, env = "QUORATE_PEEK")]
+    peek: bool,
+    /// A request id: a retry with the same id gets the first answer and spends nothing more.
+    #[arg(long, env = "QUORATE_REQUEST_ID")]
+    request_id: Option<String>,
+    /// The node's RESP address.
+    #[arg(long, env = "QUORATE_RESP_ADDR", default_value = "127.0.0.1:6380")]
+    resp_addr: std::net::SocketAddr,
 }
 
 #[derive(Debug, Args)]
@@ -172,6 +200,7 @@ fn main() -> ExitCode {
     let cli = Cli::parse();
     match run(cli) {
         Ok(()) => ExitCode::SUCCESS,
+        Err(CliError::Denied) => ExitCode::from(1),
         Err(e) => {
             eprintln!("error: {e}");
             ExitCode::from(if e.is_bad_input() { 2 } else { 1 })
@@ -189,6 +218,9 @@ enum CliError {
     Settings(String),
     #[error("node: {0}")]
     Node(String),
+    /// `quorate check` was answered "denied": not an error, but exit code 1.
+    #[error("denied")]
+    Denied,
     #[error("cannot write output: {0}")]
     Output(#[from] std::io::Error),
 }
@@ -203,6 +235,7 @@ impl CliError {
 fn run(cli: Cli) -> Result<(), CliError> {
     match cli.command {
         Command::Node(args) => node::run(*args),
+        Command::Check(args) => check(args),
         Command::Sim(args) => {
             let (report, output) = match args.scenario {
                 Scenario::Replay(a) => (
@@ -228,6 +261,45 @@ fn run(cli: Cli) -> Result<(), CliError> {
             };
             emit(&report, &output)
         }
+    }
+}
+
+/// `quorate check`: one QR.CHECK (or QR.PEEK) through the Rust client.
+fn check(args: CheckArgs) -> Result<(), CliError> {
+    use quorate::client::{Client, Wait};
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .map_err(|e| CliError::Node(e.to_string()))?;
+    let answer = runtime.block_on(async {
+        let client = Client::new(args.resp_addr);
+        if args.peek {
+            client.peek(&args.limit, &args.key).await
+        } else {
+            let items = [(args.limit.as_str(), args.key.as_str(), args.cost)];
+            client.check(&items, args.request_id.as_deref()).await
+        }
+    });
+    let answer = answer.map_err(|e| CliError::Settings(format!("{}: {e}", args.resp_addr)))?;
+    for i in &answer.items {
+        let wait = match i.retry_after {
+            Wait::Now => String::new(),
+            Wait::After(d) => format!(", retry after {:.3} s", d.as_secs_f64()),
+            Wait::Never => ", never: the cost exceeds the limit's capacity".into(),
+        };
+        println!(
+            "{} {} {}: {} of {} remaining{wait}",
+            if i.allowed { "admitted" } else { "denied" },
+            i.limit,
+            i.key,
+            i.remaining,
+            i.capacity
+        );
+    }
+    if answer.allowed {
+        Ok(())
+    } else {
+        Err(CliError::Denied)
     }
 }
 

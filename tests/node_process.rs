@@ -134,6 +134,23 @@ fn a_node_process_serves_resp_and_http_reloads_on_sighup_and_stops_on_sigterm() 
     assert!(refused.starts_with("HTTP/1.1 400"), "{refused}");
     assert!(http(node.http, "POST", "/v1/check", body).starts_with("HTTP/1.1 429"));
 
+    // `quorate check` through the Rust client: admitted exits 0, denied exits 1.
+    let check = |key: &str| {
+        Command::new(env!("CARGO_BIN_EXE_quorate"))
+            .args(["check", "login", key, "--resp-addr", &node.resp.to_string()])
+            .output()
+            .unwrap()
+    };
+    let ok = check("carol");
+    assert_eq!(ok.status.code(), Some(0), "{ok:?}");
+    assert!(
+        String::from_utf8_lossy(&ok.stdout).starts_with("admitted login carol: 2 of 3 remaining")
+    );
+    let denied = check("alice");
+    assert_eq!(denied.status.code(), Some(1), "{denied:?}");
+    assert!(String::from_utf8_lossy(&denied.stdout)
+        .contains("denied login alice: 0 of 3 remaining, retry after"));
+
     signal(&node, "-TERM");
     let status = node.child.wait().unwrap();
     assert!(status.success(), "graceful stop exits 0: {status:?}");
