@@ -55,17 +55,25 @@ async fn a_flood_of_a_million_new_keys_stays_under_the_key_cap_and_the_memory_bo
         ..NodeConfig::default()
     };
     let clock = Arc::new(ManualClock::new(0));
-    let s = Service::start(config, PolicySet::default_policies(), clock).await.unwrap();
+    let s = Service::start(config, PolicySet::default_policies(), clock)
+        .await
+        .unwrap();
     let before = LIVE.load(Ordering::Relaxed);
     for batch in 0..FLOOD / 1000 {
-        let reqs = (0..1000).map(|i| check(format!("flood-{batch}-{i}"))).collect();
+        let reqs = (0..1000)
+            .map(|i| check(format!("flood-{batch}-{i}")))
+            .collect();
         for answer in s.check_many(reqs).await {
             answer.unwrap();
         }
     }
     let grown = LIVE.load(Ordering::Relaxed).saturating_sub(before);
     let status = s.status();
-    println!("keys held: {}, heap grown: {} MiB", status.keys, grown >> 20);
+    println!(
+        "keys held: {}, heap grown: {} MiB",
+        status.keys,
+        grown >> 20
+    );
     assert_eq!(status.keys, CAP, "every shard filled its share and no more");
     let refused = format!("quorate_key_cap_rejections_total {}", FLOOD as u64 - CAP);
     assert!(s.metrics().render().contains(&refused));

@@ -287,7 +287,8 @@ async fn the_single_check_form_and_inline_limits_are_accepted() {
         "period": "1s", "burst": 20}, "key": "x", "cost": 20}]});
     let r = srv.post("/v1/check", &inline.to_string()).await;
     assert_eq!(r.status_line, "HTTP/1.1 200 OK");
-    assert_eq!(r.header("ratelimit-policy"), Some("\"inline\";q=20;w=1"));
+    // The quota is the rate per period (10 per 1 s), not the capacity of 20.
+    assert_eq!(r.header("ratelimit-policy"), Some("\"inline\";q=10;w=1"));
     srv.shutdown().await;
 }
 

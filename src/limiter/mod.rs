@@ -350,6 +350,19 @@ impl Limit {
         }
     }
 
+    /// Units per period: the window algorithms' limit, the bucket algorithms' refill rate.
+    /// (What `RateLimit-Policy` advertises; the capacity can be larger.)
+    pub fn quota(&self) -> u64 {
+        match self {
+            Limit::FixedWindow(p) => p.limit(),
+            Limit::SlidingLog(p) => p.limit(),
+            Limit::SlidingCounter(p) => p.limit(),
+            Limit::TokenBucket(p) => p.rate(),
+            Limit::Gcra(p) => p.rate(),
+            Limit::LeakyQueue(p) => p.rate(),
+        }
+    }
+
     /// The period: the window length, or the time the rate is counted over.
     pub fn period(&self) -> Nanos {
         match self {

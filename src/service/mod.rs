@@ -234,6 +234,7 @@ impl Service {
                 key: item.key.clone(),
                 algorithm: item.limit.algorithm(),
                 period_ns: item.period_ns,
+                quota: item.limit.quota(),
                 decision,
                 shadow: item.shadow,
                 fallback,

@@ -61,6 +61,9 @@ pub struct ItemDecision {
     pub algorithm: Algorithm,
     /// The limit's period in nanoseconds (for `RateLimit-Policy` headers).
     pub period_ns: Nanos,
+    /// Units per period: the window limit, or a bucket's refill rate (`RateLimit-Policy`'s
+    /// quota; a bucket's capacity, `decision.limit`, can be larger).
+    pub quota: u64,
     pub decision: Decision,
     /// A shadow limit decides and reports but always admits.
     pub shadow: bool,

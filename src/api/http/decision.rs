@@ -202,6 +202,7 @@ mod tests {
             key: "alice".into(),
             algorithm: Algorithm::SlidingLog,
             period_ns: 60 * SECOND,
+            quota: 5,
             decision: Decision {
                 outcome,
                 limit: 5,

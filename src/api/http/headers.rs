@@ -58,12 +58,13 @@ pub fn effective_window_secs(item: &ItemDecision) -> u64 {
     sf_integer(ceil_secs(ns))
 }
 
-/// One `RateLimit-Policy` list member: `"name";q=CAPACITY;w=PERIOD_SECONDS`.
+/// One `RateLimit-Policy` list member: `"name";q=QUOTA;w=PERIOD_SECONDS`, the quota being
+/// the units per period (a bucket's rate, not its larger capacity).
 pub fn policy_member(item: &ItemDecision) -> String {
     format!(
         "{};q={};w={}",
         sf_string(&item.limit),
-        sf_integer(item.decision.limit),
+        sf_integer(item.quota),
         window_secs(item.period_ns)
     )
 }
@@ -95,6 +96,7 @@ mod tests {
             key: "k".into(),
             algorithm: Algorithm::SlidingLog,
             period_ns: 60 * SECOND,
+            quota: 5,
             decision: Decision {
                 outcome,
                 limit: 5,
@@ -135,6 +137,13 @@ mod tests {
     fn members_follow_the_draft_syntax() {
         let allowed = item("login", Outcome::Allowed, 3, 0, 40 * SECOND - 1);
         assert_eq!(policy_member(&allowed), "\"login\";q=5;w=60");
+        // A bucket advertises its rate per period, not its (larger) capacity.
+        let bucket = ItemDecision {
+            quota: 100,
+            period_ns: SECOND,
+            ..allowed.clone()
+        };
+        assert_eq!(policy_member(&bucket), "\"login\";q=100;w=1");
         assert_eq!(limit_member(&allowed), "\"login\";r=3;t=40");
     }
 

@@ -127,6 +127,7 @@ mod tests {
             key: key.into(),
             algorithm: Algorithm::Gcra,
             period_ns: 60 * SECOND,
+            quota: 10,
             decision: d,
             shadow: false,
             fallback: false,
