@@ -355,9 +355,12 @@ mod node {
         }
         let filter = tracing_subscriber::EnvFilter::try_new(&args.log)
             .map_err(|e| CliError::Settings(format!("--log \"{}\": {e}", args.log)))?;
+        // Colour only on a terminal: log files and collectors get plain text.
+        let ansi = std::io::IsTerminal::is_terminal(&std::io::stderr());
         tracing_subscriber::fmt()
             .with_env_filter(filter)
             .with_writer(std::io::stderr)
+            .with_ansi(ansi)
             .init();
         let runtime = tokio::runtime::Runtime::new().map_err(|e| CliError::Node(e.to_string()))?;
         runtime

@@ -128,6 +128,7 @@ impl Service {
         &self,
         reqs: Vec<CheckRequest>,
     ) -> Vec<Result<CheckResponse, CheckError>> {
+        let started = self.inner.clock.monotonic();
         let policies = self.policies();
         let mut answers: Vec<Option<Result<CheckResponse, CheckError>>> = Vec::new();
         let mut resolved: Vec<Vec<Resolved>> = Vec::new();
@@ -181,7 +182,7 @@ impl Service {
                 self.collect_refunds(items, &results[r], &mut refunds);
                 continue;
             }
-            let response = self.respond(items, &results[r]);
+            let response = self.respond(items, &results[r], started);
             if !response.allowed {
                 self.collect_refunds(items, &results[r], &mut refunds);
             }
@@ -205,7 +206,12 @@ impl Service {
     }
 
     /// Builds the response from the items' results (all present), counting and logging.
-    fn respond(&self, items: &[Resolved], results: &[Option<Applied>]) -> CheckResponse {
+    fn respond(
+        &self,
+        items: &[Resolved],
+        results: &[Option<Applied>],
+        started: crate::limiter::Nanos,
+    ) -> CheckResponse {
         let mut out = Vec::with_capacity(items.len());
         for (item, applied) in items.iter().zip(results) {
             let (decision, fallback) = match applied {
@@ -228,7 +234,7 @@ impl Service {
                 .decisions
                 .with_label_values(&[&item.name, outcome])
                 .inc();
-            self.log_sampled(item, &decision, outcome);
+            self.log_sampled(item, &decision, outcome, started);
             out.push(ItemDecision {
                 limit: item.name.clone(),
                 key: item.key.clone(),
@@ -271,7 +277,15 @@ impl Service {
         }
     }
 
-    fn log_sampled(&self, item: &Resolved, d: &crate::limiter::Decision, outcome: &str) {
+    /// One log line per sampled decision: key type, algorithm, decision, remaining, latency
+    /// and the status the HTTP API answers for it.
+    fn log_sampled(
+        &self,
+        item: &Resolved,
+        d: &crate::limiter::Decision,
+        outcome: &str,
+        started: crate::limiter::Nanos,
+    ) {
         let rate = self.inner.config.decision_log_sample;
         if rate <= 0.0 {
             return;
@@ -286,6 +300,8 @@ impl Service {
                 decision = outcome,
                 remaining = d.remaining,
                 retry_after_ms = d.retry_after.div_ceil(1_000_000),
+                latency_us = self.inner.clock.monotonic().saturating_sub(started) / 1_000,
+                status = if d.allowed() || item.shadow { 200 } else { 429 },
                 "decision"
             );
         }
