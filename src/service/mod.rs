@@ -161,7 +161,20 @@ impl Service {
             .map(|(shard, (slots, commands))| async move {
                 (slots, shards.apply(shard, commands).await)
             });
-        for (slots, outcome) in futures::future::join_all(sent).await {
+        // One timer bounds the whole fan-out: a shard that does not answer in time makes every
+        // request of this call unavailable (an admission it made stays consumed: safe side).
+        let timeout = self.inner.config.shard_timeout;
+        let outcomes = match tokio::time::timeout(timeout, futures::future::join_all(sent)).await {
+            Ok(outcomes) => outcomes,
+            Err(_) => {
+                let why = format!("no answer from a shard within {timeout:?}");
+                return answers
+                    .into_iter()
+                    .map(|a| a.unwrap_or_else(|| Err(CheckError::Unavailable(why.clone()))))
+                    .collect();
+            }
+        };
+        for (slots, outcome) in outcomes {
             match outcome {
                 Ok(applied) => {
                     for ((r, i), a) in slots.into_iter().zip(applied) {
@@ -191,11 +204,18 @@ impl Service {
         let refunds = refunds
             .into_iter()
             .map(|(shard, commands)| shards.apply(shard, commands));
-        for failed in futures::future::join_all(refunds)
-            .await
-            .into_iter()
-            .filter_map(Result::err)
+        let refunded = match tokio::time::timeout(timeout, futures::future::join_all(refunds)).await
         {
+            Ok(done) => done,
+            Err(_) => {
+                tracing::warn!(
+                    ?timeout,
+                    "refunds not confirmed in time; those admissions stay consumed"
+                );
+                Vec::new()
+            }
+        };
+        for failed in refunded.into_iter().filter_map(Result::err) {
             // The admission stays consumed: the error is on the safe side.
             tracing::warn!(error = %failed, "refund not applied");
         }
@@ -364,8 +384,10 @@ impl Service {
     pub async fn evict(&self) -> u64 {
         let shards = &self.inner.shards;
         let runs = (0..shards.count()).map(|s| shards.apply(s, vec![Command::Evict]));
-        let evicted: u64 = futures::future::join_all(runs)
+        let all = futures::future::join_all(runs);
+        let evicted: u64 = tokio::time::timeout(self.inner.config.shard_timeout * 4, all)
             .await
+            .unwrap_or_default()
             .into_iter()
             .filter_map(Result::ok)
             .flatten()

@@ -11,25 +11,38 @@
 //!
 //! Each shard's queue is bounded: a caller must hold one of [`QUEUE_BOUND`] permits while
 //! its batch is queued or running, and waits at most the shard timeout for one.
+//!
+//! Hand-off: callers put their batch in the shard's lane (a short mutex-guarded queue) and
+//! poke the actor with one `Drain` message only if it is not already scheduled. The actor
+//! drains everything queued at once and applies it as ONE batch with one shard time, then
+//! answers each caller through its own oneshot. Under load many connections' batches share
+//! one actor activation (a ractor message costs a task wake-up, a select over the actor's
+//! ports and a catch_unwind); with no load it adds no delay.
 
 use super::command::{Applied, Batch, Command};
 use super::state::{Bounds, ShardState};
 use crate::clock::{ShardTime, SharedClock};
 use crate::metrics::Metrics;
 use crate::service::ShardStatus;
-use ractor::rpc::CallResult;
-use ractor::{Actor, ActorProcessingErr, ActorRef, RpcReplyPort, SupervisionEvent};
+use ractor::{Actor, ActorProcessingErr, ActorRef, SupervisionEvent};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, RwLock};
 use std::time::Duration;
-use tokio::sync::Semaphore;
+use tokio::sync::{oneshot, Semaphore};
 
 /// Batches that may wait for or run in one shard at once.
 pub const QUEUE_BOUND: usize = 1024;
 
+/// One caller's batch waiting in a shard's lane.
+struct Pending {
+    commands: Vec<Command>,
+    reply: oneshot::Sender<Vec<Applied>>,
+}
+
 /// Messages to a shard actor.
 pub enum ShardMsg {
-    Apply(Vec<Command>, RpcReplyPort<Vec<Applied>>),
+    /// Apply everything waiting in the lane.
+    Drain,
     /// Test hook: panic inside the handler, to exercise supervision.
     #[doc(hidden)]
     Crash,
@@ -41,9 +54,17 @@ struct Slot {
     actor: RwLock<Option<ActorRef<ShardMsg>>>,
     state: Arc<Mutex<ShardState>>,
     permits: Semaphore,
+    /// Batches handed to the actor, drained together.
+    lane: Mutex<Vec<Pending>>,
+    /// True while a `Drain` is on its way to (or being handled by) the actor.
+    scheduled: AtomicBool,
     keys: AtomicU64,
     time: AtomicU64,
     restarts: AtomicU64,
+    /// This shard's series of the keys and queue-depth gauges, looked up once (a labelled
+    /// lookup hashes the label on every call).
+    keys_gauge: prometheus::IntGauge,
+    depth_gauge: prometheus::IntGauge,
 }
 
 fn lock(state: &Mutex<ShardState>) -> MutexGuard<'_, ShardState> {
@@ -56,17 +77,35 @@ fn lock(state: &Mutex<ShardState>) -> MutexGuard<'_, ShardState> {
 
 struct ShardActor;
 
+impl ShardRun {
+    /// Applies commands as one batch at one shard time, and publishes the shard's stats.
+    fn apply(&mut self, commands: Vec<Command>) -> Vec<Applied> {
+        let batch = Batch {
+            time: self.time.now(),
+            commands,
+        };
+        let results = {
+            let mut state = lock(&self.slot.state);
+            let results = state.apply(&batch);
+            self.slot.keys.store(state.len() as u64, Ordering::Relaxed);
+            results
+        };
+        self.slot.time.store(batch.time, Ordering::Relaxed);
+        self.slot
+            .keys_gauge
+            .set(self.slot.keys.load(Ordering::Relaxed) as i64);
+        results
+    }
+}
+
 struct ShardArgs {
     slot: Arc<Slot>,
     clock: SharedClock,
-    metrics: Metrics,
 }
 
 struct ShardRun {
     slot: Arc<Slot>,
     time: ShardTime,
-    metrics: Metrics,
-    label: String,
 }
 
 impl Actor for ShardActor {
@@ -76,15 +115,16 @@ impl Actor for ShardActor {
 
     async fn pre_start(
         &self,
-        _myself: ActorRef<ShardMsg>,
+        myself: ActorRef<ShardMsg>,
         args: ShardArgs,
     ) -> Result<ShardRun, ActorProcessingErr> {
         let base = lock(&args.slot.state).time();
+        // A predecessor may have died with batches in the lane and the flag set: drain them.
+        args.slot.scheduled.store(true, Ordering::SeqCst);
+        myself.cast(ShardMsg::Drain)?;
         Ok(ShardRun {
-            label: args.slot.id.to_string(),
             time: ShardTime::new(args.clock, base),
             slot: args.slot,
-            metrics: args.metrics,
         })
     }
 
@@ -95,24 +135,27 @@ impl Actor for ShardActor {
         run: &mut ShardRun,
     ) -> Result<(), ActorProcessingErr> {
         match msg {
-            ShardMsg::Apply(commands, reply) => {
-                let batch = Batch {
-                    time: run.time.now(),
-                    commands,
-                };
-                let results = {
-                    let mut state = lock(&run.slot.state);
-                    let results = state.apply(&batch);
-                    run.slot.keys.store(state.len() as u64, Ordering::Relaxed);
-                    results
-                };
-                run.slot.time.store(batch.time, Ordering::Relaxed);
-                run.metrics
-                    .keys
-                    .with_label_values(&[&run.label])
-                    .set(run.slot.keys.load(Ordering::Relaxed) as i64);
-                // The caller may have timed out and gone; its answer is then dropped.
-                let _ = reply.send(results);
+            ShardMsg::Drain => {
+                // Clear the flag first: a batch queued after this point sends a new Drain.
+                run.slot.scheduled.store(false, Ordering::SeqCst);
+                let pending =
+                    std::mem::take(&mut *run.slot.lane.lock().unwrap_or_else(|p| p.into_inner()));
+                if pending.is_empty() {
+                    return Ok(());
+                }
+                let mut lengths = Vec::with_capacity(pending.len());
+                let mut replies = Vec::with_capacity(pending.len());
+                let mut commands = Vec::new();
+                for p in pending {
+                    lengths.push(p.commands.len());
+                    replies.push(p.reply);
+                    commands.extend(p.commands);
+                }
+                let mut results = run.apply(commands).into_iter();
+                for (n, reply) in lengths.into_iter().zip(replies) {
+                    // A caller that timed out is gone; its answer is dropped.
+                    let _ = reply.send(results.by_ref().take(n).collect());
+                }
             }
             ShardMsg::Crash => panic!("shard {} crashed on purpose (test hook)", run.slot.id),
         }
@@ -138,7 +181,6 @@ impl Supervisor {
         let args = ShardArgs {
             slot: slot.clone(),
             clock: sup.clock.clone(),
-            metrics: sup.metrics.clone(),
         };
         let (actor, _) = Actor::spawn_linked(None, ShardActor, args, myself.get_cell()).await?;
         *slot.actor.write().unwrap_or_else(|p| p.into_inner()) = Some(actor);
@@ -200,8 +242,6 @@ impl Actor for Supervisor {
 pub enum ShardError {
     #[error("shard {0} is overloaded (its queue stayed full for the shard timeout)")]
     Overloaded(u32),
-    #[error("shard {0} did not answer within the shard timeout")]
-    Timeout(u32),
     #[error("shard {0} is restarting")]
     Restarting(u32),
 }
@@ -212,7 +252,6 @@ pub struct Shards {
     supervisor: ActorRef<()>,
     stopping: Arc<AtomicBool>,
     timeout: Duration,
-    metrics: Metrics,
 }
 
 impl Shards {
@@ -232,9 +271,13 @@ impl Shards {
                         actor: RwLock::new(None),
                         state: Arc::new(Mutex::new(ShardState::new(bounds))),
                         permits: Semaphore::new(QUEUE_BOUND),
+                        lane: Mutex::new(Vec::new()),
+                        scheduled: AtomicBool::new(false),
                         keys: AtomicU64::new(0),
                         time: AtomicU64::new(0),
                         restarts: AtomicU64::new(0),
+                        keys_gauge: metrics.keys.with_label_values(&[&id.to_string()]),
+                        depth_gauge: metrics.queue_depth.with_label_values(&[&id.to_string()]),
                     })
                 })
                 .collect(),
@@ -254,7 +297,6 @@ impl Shards {
             supervisor,
             stopping,
             timeout,
-            metrics,
         })
     }
 
@@ -262,24 +304,26 @@ impl Shards {
         self.slots.len() as u32
     }
 
-    /// Applies `commands` on `shard` as one batch, waiting at most the shard timeout.
+    /// Applies `commands` on `shard` as one batch. Waits at most the shard timeout for a place
+    /// in the queue; the caller bounds the wait for the answer.
     pub async fn apply(
         &self,
         shard: u32,
         commands: Vec<Command>,
     ) -> Result<Vec<Applied>, ShardError> {
         let slot = &self.slots[shard as usize % self.slots.len()];
-        let _permit = tokio::time::timeout(self.timeout, slot.permits.acquire())
-            .await
-            .ok()
-            .and_then(Result::ok)
-            .ok_or(ShardError::Overloaded(slot.id))?;
+        // A free place is taken without arming a timer; a full queue is waited on for at most
+        // the shard timeout.
+        let _permit = match slot.permits.try_acquire() {
+            Ok(p) => p,
+            Err(_) => tokio::time::timeout(self.timeout, slot.permits.acquire())
+                .await
+                .ok()
+                .and_then(Result::ok)
+                .ok_or(ShardError::Overloaded(slot.id))?,
+        };
         let depth = (QUEUE_BOUND - slot.permits.available_permits()) as i64;
-        let label = slot.id.to_string();
-        self.metrics
-            .queue_depth
-            .with_label_values(&[&label])
-            .set(depth);
+        slot.depth_gauge.set(depth);
         let actor = slot
             .actor
             .read()
@@ -287,17 +331,22 @@ impl Shards {
             .clone()
             .ok_or(ShardError::Restarting(slot.id))?;
         let n = commands.len();
-        let result = match actor
-            .call(|reply| ShardMsg::Apply(commands, reply), Some(self.timeout))
-            .await
-        {
-            Ok(CallResult::Success(results)) if results.len() == n => Ok(results),
-            Ok(CallResult::Timeout) => Err(ShardError::Timeout(slot.id)),
+        let (reply, answer) = oneshot::channel();
+        slot.lane
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .push(Pending { commands, reply });
+        if !slot.scheduled.swap(true, Ordering::SeqCst) && actor.cast(ShardMsg::Drain).is_err() {
+            // The actor is gone; its successor drains the lane when it starts.
+            slot.scheduled.store(false, Ordering::SeqCst);
+        }
+        // No timer here: the caller bounds the whole call (see `Service::check_many`), so a
+        // pipeline fanned out over many shards arms one timer, not one per shard.
+        let result = match answer.await {
+            Ok(results) if results.len() == n => Ok(results),
             _ => Err(ShardError::Restarting(slot.id)),
         };
-        self.metrics
-            .queue_depth
-            .with_label_values(&[&label])
+        slot.depth_gauge
             .set((QUEUE_BOUND - slot.permits.available_permits()) as i64 - 1);
         result
     }
