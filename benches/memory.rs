@@ -7,31 +7,13 @@ use quorate::limiter::{
     fixed_window, gcra, leaky_queue, sliding_counter, sliding_log, token_bucket, Algorithm,
     KeyState, Limit, SECOND,
 };
-use std::alloc::{GlobalAlloc, Layout, System};
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicUsize, Ordering};
 
-struct Counting;
-static LIVE: AtomicUsize = AtomicUsize::new(0);
-
-unsafe impl GlobalAlloc for Counting {
-    unsafe fn alloc(&self, l: Layout) -> *mut u8 {
-        LIVE.fetch_add(l.size(), Ordering::Relaxed);
-        System.alloc(l)
-    }
-    unsafe fn dealloc(&self, p: *mut u8, l: Layout) {
-        LIVE.fetch_sub(l.size(), Ordering::Relaxed);
-        System.dealloc(p, l)
-    }
-    unsafe fn realloc(&self, p: *mut u8, l: Layout, new: usize) -> *mut u8 {
-        LIVE.fetch_add(new, Ordering::Relaxed);
-        LIVE.fetch_sub(l.size(), Ordering::Relaxed);
-        System.realloc(p, l, new)
-    }
-}
+#[path = "../tests/support/counting_alloc.rs"]
+mod counting_alloc;
 
 #[global_allocator]
-static A: Counting = Counting;
+static A: counting_alloc::Counting = counting_alloc::Counting;
 
 const KEYS: u64 = 1_000_000;
 
@@ -64,13 +46,13 @@ fn main() {
     for (alg, size) in sizes {
         // Limit 10 per second; each key takes one request, so the sliding log holds one entry.
         let l = Limit::new(alg, 10, SECOND, 10).unwrap();
-        let base = LIVE.load(Ordering::Relaxed);
+        let base = counting_alloc::live();
         let mut map: HashMap<u64, KeyState> = HashMap::new();
         for k in 0..KEYS {
             let s = map.entry(k).or_insert_with(|| l.new_state());
             l.decide(s, k, 1);
         }
-        let enum_bytes = (LIVE.load(Ordering::Relaxed) - base) as f64 / KEYS as f64;
+        let enum_bytes = (counting_alloc::live() - base) as f64 / KEYS as f64;
         drop(map);
         let typed = typed_bytes(alg);
         println!(
@@ -91,12 +73,12 @@ fn main() {
 /// Heap bytes per key for a map of the algorithm's own state type.
 fn typed_bytes(alg: Algorithm) -> f64 {
     fn measure<S: Default>(mut touch: impl FnMut(&mut S, u64)) -> f64 {
-        let base = LIVE.load(Ordering::Relaxed);
+        let base = counting_alloc::live();
         let mut map: HashMap<u64, S> = HashMap::new();
         for k in 0..KEYS {
             touch(map.entry(k).or_default(), k);
         }
-        let b = (LIVE.load(Ordering::Relaxed) - base) as f64 / KEYS as f64;
+        let b = (counting_alloc::live() - base) as f64 / KEYS as f64;
         drop(map);
         b
     }

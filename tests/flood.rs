@@ -6,31 +6,13 @@ use quorate::clock::ManualClock;
 use quorate::config::NodeConfig;
 use quorate::policy::PolicySet;
 use quorate::service::{CheckItem, CheckRequest, LimitRef, Service};
-use std::alloc::{GlobalAlloc, Layout, System};
-use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 
-struct Counting;
-static LIVE: AtomicUsize = AtomicUsize::new(0);
-
-unsafe impl GlobalAlloc for Counting {
-    unsafe fn alloc(&self, l: Layout) -> *mut u8 {
-        LIVE.fetch_add(l.size(), Ordering::Relaxed);
-        System.alloc(l)
-    }
-    unsafe fn dealloc(&self, p: *mut u8, l: Layout) {
-        LIVE.fetch_sub(l.size(), Ordering::Relaxed);
-        System.dealloc(p, l)
-    }
-    unsafe fn realloc(&self, p: *mut u8, l: Layout, new: usize) -> *mut u8 {
-        LIVE.fetch_add(new, Ordering::Relaxed);
-        LIVE.fetch_sub(l.size(), Ordering::Relaxed);
-        System.realloc(p, l, new)
-    }
-}
+#[path = "support/counting_alloc.rs"]
+mod counting_alloc;
 
 #[global_allocator]
-static A: Counting = Counting;
+static A: counting_alloc::Counting = counting_alloc::Counting;
 
 const CAP: u64 = 100_000;
 const FLOOD: usize = 1_000_000;
@@ -58,7 +40,7 @@ async fn a_flood_of_a_million_new_keys_stays_under_the_key_cap_and_the_memory_bo
     let s = Service::start(config, PolicySet::default_policies(), clock)
         .await
         .unwrap();
-    let before = LIVE.load(Ordering::Relaxed);
+    let before = counting_alloc::live();
     for batch in 0..FLOOD / 1000 {
         let reqs = (0..1000)
             .map(|i| check(format!("flood-{batch}-{i}")))
@@ -67,7 +49,7 @@ async fn a_flood_of_a_million_new_keys_stays_under_the_key_cap_and_the_memory_bo
             answer.unwrap();
         }
     }
-    let grown = LIVE.load(Ordering::Relaxed).saturating_sub(before);
+    let grown = counting_alloc::live().saturating_sub(before);
     let status = s.status();
     println!(
         "keys held: {}, heap grown: {} MiB",

@@ -5,7 +5,7 @@
 //! [`MAX_DEPTH`] deep (so a hostile server cannot overflow the stack), and a partial reply
 //! consumes nothing.
 
-use super::frame::{parse_int, Frame, Limits, ProtocolError};
+use super::frame::{bulk_body, parse_int, Frame, Limits, ProtocolError};
 use bytes::{Bytes, BytesMut};
 
 /// Deepest nesting of arrays accepted in a reply (quorate's replies nest two deep).
@@ -61,32 +61,8 @@ fn bulk(
     if len == -1 {
         return Ok(Some((Frame::Null, start)));
     }
-    if len < 0 {
-        return Err(ProtocolError::InvalidBulkLength);
-    }
-    if len > limits.max_bulk as i64 {
-        return Err(ProtocolError::BulkTooLarge {
-            len,
-            max: limits.max_bulk,
-        });
-    }
-    let end = start.saturating_add(len as usize);
-    let next = end.saturating_add(2);
-    if next > limits.max_frame {
-        return Err(ProtocolError::FrameTooLarge {
-            max: limits.max_frame,
-        });
-    }
-    if buf.len() < next {
-        return Ok(None);
-    }
-    if &buf[end..next] != b"\r\n" {
-        return Err(ProtocolError::ExpectedCrlf);
-    }
-    Ok(Some((
-        Frame::Bulk(Bytes::copy_from_slice(&buf[start..end])),
-        next,
-    )))
+    Ok(bulk_body(buf, start, len, limits)?
+        .map(|(body, next)| (Frame::Bulk(Bytes::copy_from_slice(&buf[body])), next)))
 }
 
 fn array(

@@ -220,30 +220,10 @@ fn scan_array(buf: &[u8], limits: &Limits) -> Result<Option<Scanned>, ProtocolEr
         let Some((len, start)) = header(buf, pos + 1, ProtocolError::InvalidBulkLength)? else {
             return Ok(None);
         };
-        if len < 0 {
-            return Err(ProtocolError::InvalidBulkLength);
-        }
-        if len > limits.max_bulk as i64 {
-            return Err(ProtocolError::BulkTooLarge {
-                len,
-                max: limits.max_bulk,
-            });
-        }
-        // `len` <= max_bulk, so these sums cannot overflow in practice; saturate anyway.
-        let end = start.saturating_add(len as usize);
-        let next = end.saturating_add(2);
-        if next > limits.max_frame {
-            return Err(ProtocolError::FrameTooLarge {
-                max: limits.max_frame,
-            });
-        }
-        if buf.len() < next {
+        let Some((body, next)) = bulk_body(buf, start, len, limits)? else {
             return Ok(None);
-        }
-        if &buf[end..next] != b"\r\n" {
-            return Err(ProtocolError::ExpectedCrlf);
-        }
-        ranges.push(start..end);
+        };
+        ranges.push(body);
         pos = next;
     }
     Ok(Some((pos, ranges)))
@@ -294,6 +274,42 @@ pub fn parse_int(text: &[u8]) -> Option<i64> {
         };
     }
     Some(n)
+}
+
+/// The body of a bulk string whose declared length `len` was read and whose data starts at
+/// `start`: its byte range and where the next frame starts, `None` until it has all arrived.
+/// The length is checked against the limits before anything waits for or keeps the data, so
+/// a frame that lies about its length is refused without allocating it.
+pub(crate) fn bulk_body(
+    buf: &[u8],
+    start: usize,
+    len: i64,
+    limits: &Limits,
+) -> Result<Option<(Range<usize>, usize)>, ProtocolError> {
+    if len < 0 {
+        return Err(ProtocolError::InvalidBulkLength);
+    }
+    if len > limits.max_bulk as i64 {
+        return Err(ProtocolError::BulkTooLarge {
+            len,
+            max: limits.max_bulk,
+        });
+    }
+    // `len` <= max_bulk, so these sums cannot overflow in practice; saturate anyway.
+    let end = start.saturating_add(len as usize);
+    let next = end.saturating_add(2);
+    if next > limits.max_frame {
+        return Err(ProtocolError::FrameTooLarge {
+            max: limits.max_frame,
+        });
+    }
+    if buf.len() < next {
+        return Ok(None);
+    }
+    if &buf[end..next] != b"\r\n" {
+        return Err(ProtocolError::ExpectedCrlf);
+    }
+    Ok(Some((start..end, next)))
 }
 
 #[cfg(test)]
