@@ -11,6 +11,8 @@
 //! - `config.rs` — a node's addresses and the bounds on every input and queue.
 //! - `metrics.rs` — the Prometheus metrics.
 //! - `service/` — the node's application API: validate, route to shards, all-or-nothing.
+//! - `wal/` — the shared write-ahead log with group commit (checksummed records, torn-tail
+//!   truncation); standalone until the cluster (issue 4) stores Raft entries in it.
 //! - `main.rs` — the thin CLI.
 
 pub mod api;
@@ -24,6 +26,7 @@ pub mod node;
 pub mod policy;
 pub mod service;
 pub mod shard;
+pub mod wal;
 
 #[path = "../sim/mod.rs"]
 pub mod sim;

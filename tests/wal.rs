@@ -1,0 +1,391 @@
+//! The write-ahead log: round trips, torn and corrupt tails, bounds, and group commit.
+//!
+//! Durability across a real process crash is in `tests/wal_crash.rs`.
+
+use std::fs::OpenOptions;
+use std::io::Write;
+use std::path::Path;
+use std::sync::Arc;
+
+use proptest::prelude::*;
+use quorate::wal::{Record, Wal, WalOptions, SEGMENT_NAME};
+
+/// Frame (8) + group (8) + kind (1) bytes around each record's bytes.
+const OVERHEAD: u64 = 17;
+
+fn rec(group: u64, kind: u8, bytes: &[u8]) -> Record {
+    Record {
+        group,
+        kind,
+        bytes: bytes.to_vec(),
+    }
+}
+
+fn sample() -> Vec<Record> {
+    vec![
+        rec(1, 0, b"first entry"),
+        rec(2, 1, b""),
+        rec(u64::MAX, 255, &[0xAB; 300]),
+        rec(1, 2, b"last entry"),
+    ]
+}
+
+fn segment(dir: &Path) -> std::path::PathBuf {
+    dir.join(SEGMENT_NAME)
+}
+
+fn file_len(dir: &Path) -> u64 {
+    std::fs::metadata(segment(dir)).unwrap().len()
+}
+
+fn encoded_len(records: &[Record]) -> u64 {
+    records
+        .iter()
+        .map(|r| OVERHEAD + r.bytes.len() as u64)
+        .sum()
+}
+
+async fn append_all(wal: &Wal, records: &[Record]) {
+    for r in records {
+        wal.append(r.group, r.kind, &r.bytes).await.unwrap();
+    }
+}
+
+/// Writes `records` into a fresh log in `dir` and closes it.
+async fn write_log(dir: &Path, records: &[Record]) {
+    let (wal, found) = Wal::open(dir).unwrap();
+    assert!(found.is_empty());
+    append_all(&wal, records).await;
+    drop(wal);
+    assert_eq!(file_len(dir), encoded_len(records));
+}
+
+fn unsynced() -> WalOptions {
+    WalOptions {
+        sync: false,
+        ..WalOptions::default()
+    }
+}
+
+#[tokio::test]
+async fn appended_records_come_back_in_order_after_reopen() {
+    let dir = tempfile::tempdir().unwrap();
+    write_log(dir.path(), &sample()).await;
+    let (_wal, found) = Wal::open(dir.path()).unwrap();
+    assert_eq!(found, sample());
+}
+
+#[tokio::test]
+async fn appends_after_a_reopen_follow_the_recovered_records() {
+    let dir = tempfile::tempdir().unwrap();
+    write_log(dir.path(), &sample()[..2]).await;
+    let (wal, found) = Wal::open(dir.path()).unwrap();
+    assert_eq!(found, sample()[..2]);
+    append_all(&wal, &sample()[2..]).await;
+    drop(wal);
+    let (_wal, found) = Wal::open(dir.path()).unwrap();
+    assert_eq!(found, sample());
+}
+
+/// Damages a closed log, then checks that opening it returns `intact` records, cuts the file to
+/// exactly their length, and that a new append lands cleanly after them.
+async fn assert_recovers_prefix(dir: &Path, intact: usize) {
+    let expected = &sample()[..intact];
+    let (wal, found) = Wal::open(dir).unwrap();
+    assert_eq!(found, expected);
+    assert_eq!(file_len(dir), encoded_len(expected), "tail not truncated");
+    wal.append(9, 9, b"after recovery").await.unwrap();
+    drop(wal);
+    let (_wal, found) = Wal::open(dir).unwrap();
+    let mut want = expected.to_vec();
+    want.push(rec(9, 9, b"after recovery"));
+    assert_eq!(found, want);
+}
+
+#[tokio::test]
+async fn a_log_cut_inside_its_last_payload_keeps_the_records_before_it() {
+    let dir = tempfile::tempdir().unwrap();
+    write_log(dir.path(), &sample()).await;
+    let cut = file_len(dir.path()) - 3;
+    OpenOptions::new()
+        .write(true)
+        .open(segment(dir.path()))
+        .unwrap()
+        .set_len(cut)
+        .unwrap();
+    assert_recovers_prefix(dir.path(), 3).await;
+}
+
+#[tokio::test]
+async fn a_log_cut_inside_a_header_keeps_the_records_before_it() {
+    let dir = tempfile::tempdir().unwrap();
+    write_log(dir.path(), &sample()).await;
+    let cut = encoded_len(&sample()[..3]) + 5;
+    OpenOptions::new()
+        .write(true)
+        .open(segment(dir.path()))
+        .unwrap()
+        .set_len(cut)
+        .unwrap();
+    assert_recovers_prefix(dir.path(), 3).await;
+}
+
+#[tokio::test]
+async fn garbage_after_the_last_record_is_truncated() {
+    let dir = tempfile::tempdir().unwrap();
+    write_log(dir.path(), &sample()).await;
+    let mut file = OpenOptions::new()
+        .append(true)
+        .open(segment(dir.path()))
+        .unwrap();
+    file.write_all(b"\x13\x00\x00\x00garbage that is not a record")
+        .unwrap();
+    drop(file);
+    assert_recovers_prefix(dir.path(), 4).await;
+}
+
+#[tokio::test]
+async fn a_zero_filled_tail_is_truncated_not_read_as_empty_records() {
+    let dir = tempfile::tempdir().unwrap();
+    write_log(dir.path(), &sample()).await;
+    let file = OpenOptions::new()
+        .write(true)
+        .open(segment(dir.path()))
+        .unwrap();
+    file.set_len(file_len(dir.path()) + 4096).unwrap();
+    drop(file);
+    assert_recovers_prefix(dir.path(), 4).await;
+}
+
+#[tokio::test]
+async fn a_flipped_payload_byte_ends_the_log_at_that_record() {
+    let dir = tempfile::tempdir().unwrap();
+    write_log(dir.path(), &sample()).await;
+    let mut bytes = std::fs::read(segment(dir.path())).unwrap();
+    let inside_third = encoded_len(&sample()[..2]) as usize + 8 + 9 + 100;
+    bytes[inside_third] ^= 0x01;
+    std::fs::write(segment(dir.path()), &bytes).unwrap();
+    // The fourth record is intact, but it sits after the corruption: the log ends at the third.
+    assert_recovers_prefix(dir.path(), 2).await;
+}
+
+#[tokio::test]
+async fn a_length_over_the_maximum_is_a_corrupt_tail_not_an_allocation() {
+    let dir = tempfile::tempdir().unwrap();
+    write_log(dir.path(), &sample()).await;
+    let mut file = OpenOptions::new()
+        .append(true)
+        .open(segment(dir.path()))
+        .unwrap();
+    // Claims a 4 GiB payload: refused by the bound before any buffer is sized from it.
+    file.write_all(&[0xFF; 64]).unwrap();
+    drop(file);
+    assert_recovers_prefix(dir.path(), 4).await;
+}
+
+#[tokio::test]
+async fn an_empty_file_opens_as_an_empty_log() {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(segment(dir.path()), b"").unwrap();
+    let (wal, found) = Wal::open(dir.path()).unwrap();
+    assert!(found.is_empty());
+    wal.append(1, 1, b"x").await.unwrap();
+    drop(wal);
+    assert_eq!(Wal::open(dir.path()).unwrap().1, vec![rec(1, 1, b"x")]);
+}
+
+#[tokio::test]
+async fn a_missing_directory_is_created() {
+    let dir = tempfile::tempdir().unwrap();
+    let nested = dir.path().join("node-1").join("wal");
+    let (wal, found) = Wal::open(&nested).unwrap();
+    assert!(found.is_empty());
+    assert_eq!(wal.path(), segment(&nested));
+    wal.append(1, 1, b"x").await.unwrap();
+    drop(wal);
+    assert_eq!(Wal::open(&nested).unwrap().1, vec![rec(1, 1, b"x")]);
+}
+
+#[tokio::test]
+async fn a_path_that_is_a_file_is_an_error_not_a_panic() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("not-a-dir");
+    std::fs::write(&file, b"x").unwrap();
+    assert!(Wal::open(&file).is_err());
+}
+
+#[tokio::test]
+async fn an_oversized_append_is_refused_and_the_log_stays_usable() {
+    let dir = tempfile::tempdir().unwrap();
+    let options = WalOptions {
+        max_record_bytes: 1024,
+        queue_bytes: 4096,
+        ..WalOptions::default()
+    };
+    let (wal, _) = Wal::open_with(dir.path(), options.clone()).unwrap();
+    let fits = vec![7u8; 1024 - 9];
+    let too_big = vec![7u8; 1024 - 8];
+    let err = wal.append(1, 1, &too_big).await.unwrap_err();
+    assert_eq!(err.kind(), std::io::ErrorKind::InvalidInput);
+    wal.append(1, 1, &fits).await.unwrap();
+    drop(wal);
+    let (_wal, found) = Wal::open_with(dir.path(), options).unwrap();
+    assert_eq!(found, vec![rec(1, 1, &fits)]);
+}
+
+#[test]
+fn options_that_could_never_accept_a_record_are_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let bad = [
+        WalOptions {
+            max_record_bytes: 4,
+            ..WalOptions::default()
+        },
+        WalOptions {
+            max_record_bytes: 1 << 20,
+            queue_bytes: 1 << 19,
+            ..WalOptions::default()
+        },
+        WalOptions {
+            queue_records: 0,
+            ..WalOptions::default()
+        },
+    ];
+    for options in bad {
+        let err = Wal::open_with(dir.path(), options).err().unwrap();
+        assert_eq!(err.kind(), std::io::ErrorKind::InvalidInput);
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sixty_four_concurrent_appenders_share_fsyncs() {
+    const APPENDERS: u64 = 64;
+    const EACH: u64 = 20;
+    let dir = tempfile::tempdir().unwrap();
+    let (wal, _) = Wal::open(dir.path()).unwrap();
+    let wal = Arc::new(wal);
+    let mut tasks = Vec::new();
+    for group in 0..APPENDERS {
+        let wal = Arc::clone(&wal);
+        tasks.push(tokio::spawn(async move {
+            for n in 0..EACH {
+                wal.append(group, 0, &n.to_le_bytes()).await.unwrap();
+            }
+        }));
+    }
+    for task in tasks {
+        task.await.unwrap();
+    }
+    let (appends, syncs) = wal.stats();
+    println!(
+        "64 appenders: {appends} appends, {syncs} fsyncs, {:.3} fsyncs per append",
+        syncs as f64 / appends as f64
+    );
+    assert_eq!(appends, APPENDERS * EACH);
+    assert!(syncs < appends / 4, "{syncs} syncs for {appends} appends");
+    drop(wal);
+
+    let (_wal, found) = Wal::open(dir.path()).unwrap();
+    assert_eq!(found.len() as u64, APPENDERS * EACH);
+    for group in 0..APPENDERS {
+        let numbers: Vec<u64> = found
+            .iter()
+            .filter(|r| r.group == group)
+            .map(|r| u64::from_le_bytes(r.bytes.as_slice().try_into().unwrap()))
+            .collect();
+        assert_eq!(numbers, (0..EACH).collect::<Vec<_>>(), "group {group}");
+    }
+}
+
+#[tokio::test]
+async fn one_appender_at_a_time_costs_one_fsync_per_append() {
+    // The control for the test above: without concurrency there is nothing to share.
+    let dir = tempfile::tempdir().unwrap();
+    let (wal, _) = Wal::open(dir.path()).unwrap();
+    append_all(&wal, &sample()).await;
+    assert_eq!(wal.stats(), (4, 4));
+}
+
+#[tokio::test]
+async fn with_sync_off_no_fsync_is_issued() {
+    let dir = tempfile::tempdir().unwrap();
+    let (wal, _) = Wal::open_with(dir.path(), unsynced()).unwrap();
+    append_all(&wal, &sample()).await;
+    assert_eq!(wal.stats(), (4, 0));
+}
+
+fn runtime() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_current_thread()
+        .build()
+        .unwrap()
+}
+
+fn records() -> impl Strategy<Value = Vec<Record>> {
+    let record = (
+        0u64..4,
+        any::<u8>(),
+        prop::collection::vec(any::<u8>(), 0..64),
+    )
+        .prop_map(|(group, kind, bytes)| Record { group, kind, bytes });
+    prop::collection::vec(record, 0..24)
+}
+
+/// Writes `records` unsynced (durability is not the property here; speed is welcome).
+fn write_unsynced(dir: &Path, records: &[Record]) {
+    runtime().block_on(async {
+        let (wal, _) = Wal::open_with(dir, unsynced()).unwrap();
+        append_all(&wal, records).await;
+    });
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(48))]
+
+    #[test]
+    fn any_sequence_of_records_survives_a_round_trip(records in records()) {
+        let dir = tempfile::tempdir().unwrap();
+        write_unsynced(dir.path(), &records);
+        let (_wal, found) = Wal::open(dir.path()).unwrap();
+        prop_assert_eq!(found, records);
+    }
+
+    #[test]
+    fn a_log_cut_anywhere_yields_exactly_the_records_that_fit(
+        records in records(),
+        cut_fraction in 0.0f64..=1.0,
+    ) {
+        let dir = tempfile::tempdir().unwrap();
+        write_unsynced(dir.path(), &records);
+        let total = file_len(dir.path());
+        let cut = ((total as f64) * cut_fraction) as u64;
+        OpenOptions::new().write(true).open(segment(dir.path())).unwrap().set_len(cut).unwrap();
+
+        let fit = (0..=records.len())
+            .rev()
+            .find(|&n| encoded_len(&records[..n]) <= cut)
+            .unwrap_or(0);
+        let (_wal, found) = Wal::open(dir.path()).unwrap();
+        prop_assert_eq!(&found[..], &records[..fit]);
+        prop_assert_eq!(file_len(dir.path()), encoded_len(&records[..fit]));
+    }
+
+    #[test]
+    fn a_flipped_byte_anywhere_yields_a_prefix_that_ends_before_it(
+        records in records().prop_filter("needs a byte", |r| !r.is_empty()),
+        at_fraction in 0.0f64..1.0,
+        mask in 1u8..=255,
+    ) {
+        let dir = tempfile::tempdir().unwrap();
+        write_unsynced(dir.path(), &records);
+        let mut bytes = std::fs::read(segment(dir.path())).unwrap();
+        let at = ((bytes.len() as f64) * at_fraction) as usize;
+        bytes[at] ^= mask;
+        std::fs::write(segment(dir.path()), &bytes).unwrap();
+
+        let damaged = (0..records.len())
+            .find(|&n| encoded_len(&records[..=n]) > at as u64)
+            .unwrap_or(records.len());
+        let (_wal, found) = Wal::open(dir.path()).unwrap();
+        prop_assert_eq!(&found[..], &records[..damaged]);
+    }
+}
