@@ -24,6 +24,7 @@ pub mod metrics;
 pub mod net;
 pub mod node;
 pub mod policy;
+pub mod raft;
 pub mod service;
 pub mod shard;
 pub mod wal;
