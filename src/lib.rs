@@ -8,6 +8,9 @@
 //!   `quorate sim ...`: trace replay, Poisson arrivals, the boundary-burst scenario, SVG plots.
 //! - `clock.rs` — the `Clock` seam (the only way node code reads time) and shard time.
 //! - `net/` — the `net` seam: `Listener`/`Connector` traits and their tokio TCP version.
+//! - `peer/` — the peer transport: one authenticated (HMAC handshake), multiplexed connection
+//!   per node and direction carrying every inter-node RPC as a framed request/response, with
+//!   timeouts, reconnects and bounds.
 //! - `config.rs` — a node's addresses and the bounds on every input and queue.
 //! - `metrics.rs` — the Prometheus metrics.
 //! - `service/` — the node's application API: validate, route to shards, all-or-nothing.
@@ -23,6 +26,7 @@ pub mod limiter;
 pub mod metrics;
 pub mod net;
 pub mod node;
+pub mod peer;
 pub mod policy;
 pub mod raft;
 pub mod service;

@@ -27,3 +27,11 @@ pub trait Connector: Clone + Send + Sync + 'static {
     type Conn: Stream;
     fn connect(&self, addr: SocketAddr) -> impl Future<Output = io::Result<Self::Conn>> + Send;
 }
+
+/// 32 bytes of operating-system entropy, to seed a node's random generators (the peer
+/// handshake's nonces). Lives in the seam because it is nondeterministic: the simulation
+/// passes seeds derived from its own seed instead of calling this.
+pub fn os_seed() -> [u8; 32] {
+    use rand::Rng;
+    rand::rng().random()
+}

@@ -1,0 +1,326 @@
+//! The mutual proof of the cluster secret that opens every peer connection (the message flow
+//! is in the [module docs](super)).
+//!
+//! Messages have fixed sizes, so nothing a peer sends before it is authenticated decides how
+//! much is read or allocated; the magic is checked on its own first, so a stranger speaking
+//! another protocol is closed after four bytes. The caller bounds the whole exchange with
+//! [`PeerConfig::handshake_timeout`].
+
+use super::{NodeId, PeerConfig};
+use hmac::{Hmac, Mac};
+use sha2::Sha256;
+use std::io;
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
+
+/// Opens every handshake: "quorate peer".
+pub const MAGIC: [u8; 4] = *b"QRPR";
+/// The peer protocol version; both sides must speak the same one.
+pub const VERSION: u16 = 1;
+/// Bytes of a nonce and of a MAC.
+pub const NONCE: usize = 32;
+const MAC: usize = 32;
+/// magic, version, id, nonce.
+const CLIENT_HELLO: usize = 4 + 2 + 8 + NONCE;
+/// magic, version, id, nonce, MAC.
+const SERVER_HELLO: usize = CLIENT_HELLO + MAC;
+/// The server's last message: the client's proof was accepted.
+const ACCEPTED: u8 = 1;
+
+const SERVER_LABEL: &[u8] = b"quorate-server";
+const CLIENT_LABEL: &[u8] = b"quorate-client";
+
+/// Why a handshake failed.
+#[derive(Debug, thiserror::Error)]
+pub enum HandshakeError {
+    #[error("the peer does not speak the quorate peer protocol (bad magic)")]
+    BadMagic,
+    #[error("the peer speaks protocol version {0}, this node {VERSION}")]
+    Version(u16),
+    #[error("the peer closed the connection during the handshake")]
+    Closed,
+    #[error("node id {0} may not connect here (it is this node's own id or not a member)")]
+    IdRefused(NodeId),
+    #[error("reached node {got}, expected node {expected}")]
+    WrongPeer { expected: NodeId, got: NodeId },
+    #[error("the peer's proof of the cluster secret is wrong")]
+    BadMac,
+    #[error("handshake I/O: {0}")]
+    Io(io::Error),
+}
+
+impl From<io::Error> for HandshakeError {
+    fn from(e: io::Error) -> Self {
+        if e.kind() == io::ErrorKind::UnexpectedEof {
+            HandshakeError::Closed
+        } else {
+            HandshakeError::Io(e)
+        }
+    }
+}
+
+type HmacSha256 = Hmac<Sha256>;
+
+/// HMAC(secret, label | version | first | second | client | server).
+fn keyed(
+    secret: &[u8],
+    label: &[u8],
+    first: &[u8; NONCE],
+    second: &[u8; NONCE],
+    client: NodeId,
+    server: NodeId,
+) -> HmacSha256 {
+    let mut m = HmacSha256::new_from_slice(secret).expect("HMAC takes keys of any length");
+    m.update(label);
+    m.update(&VERSION.to_be_bytes());
+    m.update(first);
+    m.update(second);
+    m.update(&client.to_be_bytes());
+    m.update(&server.to_be_bytes());
+    m
+}
+
+/// The server's proof.
+pub fn server_mac(
+    secret: &[u8],
+    nonce_c: &[u8; NONCE],
+    nonce_s: &[u8; NONCE],
+    client: NodeId,
+    server: NodeId,
+) -> [u8; MAC] {
+    keyed(secret, SERVER_LABEL, nonce_c, nonce_s, client, server)
+        .finalize()
+        .into_bytes()
+        .into()
+}
+
+/// The client's proof.
+pub fn client_mac(
+    secret: &[u8],
+    nonce_c: &[u8; NONCE],
+    nonce_s: &[u8; NONCE],
+    client: NodeId,
+    server: NodeId,
+) -> [u8; MAC] {
+    keyed(secret, CLIENT_LABEL, nonce_s, nonce_c, client, server)
+        .finalize()
+        .into_bytes()
+        .into()
+}
+
+/// Reads a hello: the magic alone first (a stranger is turned away after four bytes), then the
+/// rest. Returns (version, id, nonce) and leaves the remaining bytes in `rest`.
+async fn read_hello<S: AsyncRead + Unpin>(
+    s: &mut S,
+    rest: &mut [u8],
+) -> Result<(u16, NodeId, [u8; NONCE]), HandshakeError> {
+    let mut magic = [0u8; 4];
+    s.read_exact(&mut magic).await?;
+    if magic != MAGIC {
+        return Err(HandshakeError::BadMagic);
+    }
+    let mut head = [0u8; CLIENT_HELLO - 4];
+    s.read_exact(&mut head).await?;
+    s.read_exact(rest).await?;
+    let version = u16::from_be_bytes([head[0], head[1]]);
+    let id = NodeId::from_be_bytes(head[2..10].try_into().expect("8 bytes"));
+    let nonce = head[10..].try_into().expect("32 bytes");
+    Ok((version, id, nonce))
+}
+
+fn hello(id: NodeId, nonce: &[u8; NONCE]) -> Vec<u8> {
+    let mut m = Vec::with_capacity(SERVER_HELLO);
+    m.extend_from_slice(&MAGIC);
+    m.extend_from_slice(&VERSION.to_be_bytes());
+    m.extend_from_slice(&id.to_be_bytes());
+    m.extend_from_slice(nonce);
+    m
+}
+
+/// The dialer's side: proves the secret to node `expected` and checks its proof.
+pub async fn client<S: AsyncRead + AsyncWrite + Unpin>(
+    s: &mut S,
+    cfg: &PeerConfig,
+    expected: NodeId,
+    nonce_c: [u8; NONCE],
+) -> Result<(), HandshakeError> {
+    s.write_all(&hello(cfg.node_id, &nonce_c)).await?;
+    s.flush().await?;
+    let mut their_mac = [0u8; MAC];
+    let (version, server, nonce_s) = read_hello(s, &mut their_mac).await?;
+    if version != VERSION {
+        return Err(HandshakeError::Version(version));
+    }
+    if server != expected {
+        return Err(HandshakeError::WrongPeer {
+            expected,
+            got: server,
+        });
+    }
+    keyed(
+        &cfg.secret,
+        SERVER_LABEL,
+        &nonce_c,
+        &nonce_s,
+        cfg.node_id,
+        server,
+    )
+    .verify_slice(&their_mac)
+    .map_err(|_| HandshakeError::BadMac)?;
+    let proof = client_mac(&cfg.secret, &nonce_c, &nonce_s, cfg.node_id, server);
+    s.write_all(&proof).await?;
+    s.flush().await?;
+    let mut ack = [0u8; 1];
+    s.read_exact(&mut ack).await?;
+    if ack[0] != ACCEPTED {
+        return Err(HandshakeError::BadMagic);
+    }
+    Ok(())
+}
+
+/// The acceptor's side: checks the dialer's id and proof; returns the dialer's id.
+pub async fn server<S: AsyncRead + AsyncWrite + Unpin>(
+    s: &mut S,
+    cfg: &PeerConfig,
+    nonce_s: [u8; NONCE],
+) -> Result<NodeId, HandshakeError> {
+    let (version, client, nonce_c) = read_hello(s, &mut []).await?;
+    if version != VERSION {
+        return Err(HandshakeError::Version(version));
+    }
+    if !cfg.accepts(client) {
+        return Err(HandshakeError::IdRefused(client));
+    }
+    let mut reply = hello(cfg.node_id, &nonce_s);
+    reply.extend_from_slice(&server_mac(
+        &cfg.secret,
+        &nonce_c,
+        &nonce_s,
+        client,
+        cfg.node_id,
+    ));
+    s.write_all(&reply).await?;
+    s.flush().await?;
+    let mut proof = [0u8; MAC];
+    s.read_exact(&mut proof).await?;
+    // Constant time: verify_slice compares without an early exit.
+    keyed(
+        &cfg.secret,
+        CLIENT_LABEL,
+        &nonce_s,
+        &nonce_c,
+        client,
+        cfg.node_id,
+    )
+    .verify_slice(&proof)
+    .map_err(|_| HandshakeError::BadMac)?;
+    s.write_all(&[ACCEPTED]).await?;
+    s.flush().await?;
+    Ok(client)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::Arc;
+
+    const SECRET: &[u8] = b"0123456789abcdef0123456789abcdef";
+
+    fn cfg(id: NodeId, secret: &[u8]) -> PeerConfig {
+        PeerConfig::new(id, secret.to_vec())
+    }
+
+    async fn run(
+        c: PeerConfig,
+        expected: NodeId,
+        s: PeerConfig,
+    ) -> (Result<(), HandshakeError>, Result<NodeId, HandshakeError>) {
+        let (mut a, mut b) = tokio::io::duplex(4096);
+        let client = async move {
+            let r = client(&mut a, &c, expected, [1; NONCE]).await;
+            drop(a);
+            r
+        };
+        let server = async move {
+            let r = server(&mut b, &s, [2; NONCE]).await;
+            drop(b);
+            r
+        };
+        tokio::join!(client, server)
+    }
+
+    #[tokio::test]
+    async fn nodes_sharing_the_secret_authenticate_each_other() {
+        let (c, s) = run(cfg(1, SECRET), 2, cfg(2, SECRET)).await;
+        c.unwrap();
+        assert_eq!(s.unwrap(), 1);
+    }
+
+    #[tokio::test]
+    async fn a_different_secret_fails_on_both_sides() {
+        let (c, s) = run(cfg(1, b"another secret of sixteen+"), 2, cfg(2, SECRET)).await;
+        assert!(matches!(c, Err(HandshakeError::BadMac)), "{c:?}");
+        assert!(matches!(s, Err(HandshakeError::Closed)), "{s:?}");
+    }
+
+    #[tokio::test]
+    async fn a_server_that_is_not_the_node_dialed_is_rejected() {
+        let (c, _) = run(cfg(1, SECRET), 3, cfg(2, SECRET)).await;
+        assert!(
+            matches!(
+                c,
+                Err(HandshakeError::WrongPeer {
+                    expected: 3,
+                    got: 2
+                })
+            ),
+            "{c:?}"
+        );
+    }
+
+    #[tokio::test]
+    async fn a_client_claiming_the_servers_own_id_or_a_non_member_id_is_refused() {
+        let (c, s) = run(cfg(2, SECRET), 2, cfg(2, SECRET)).await;
+        assert!(matches!(s, Err(HandshakeError::IdRefused(2))), "{s:?}");
+        assert!(matches!(c, Err(HandshakeError::Closed)), "{c:?}");
+
+        let mut members = cfg(2, SECRET);
+        members.members = Some(Arc::from(vec![1, 2, 3]));
+        let (_, s) = run(cfg(4, SECRET), 2, members.clone()).await;
+        assert!(matches!(s, Err(HandshakeError::IdRefused(4))), "{s:?}");
+        let (c, s) = run(cfg(3, SECRET), 2, members).await;
+        c.unwrap();
+        assert_eq!(s.unwrap(), 3);
+    }
+
+    #[tokio::test]
+    async fn a_proof_recorded_from_one_session_does_not_open_another() {
+        // The client's proof is bound to the server's nonce: replaying it with a new nonce
+        // fails.
+        let s_cfg = cfg(2, SECRET);
+        let old = client_mac(SECRET, &[1; NONCE], &[2; NONCE], 1, 2);
+        let (mut a, mut b) = tokio::io::duplex(4096);
+        let attacker = async move {
+            a.write_all(&hello(1, &[1; NONCE])).await.unwrap();
+            let mut reply = [0u8; SERVER_HELLO];
+            a.read_exact(&mut reply).await.unwrap();
+            a.write_all(&old).await.unwrap();
+            let mut ack = [0u8; 1];
+            a.read_exact(&mut ack).await
+        };
+        let (ack, s) = tokio::join!(attacker, async move {
+            let r = server(&mut b, &s_cfg, [3; NONCE]).await;
+            drop(b);
+            r
+        });
+        assert!(matches!(s, Err(HandshakeError::BadMac)), "{s:?}");
+        assert!(ack.is_err());
+    }
+
+    #[tokio::test]
+    async fn another_protocol_is_turned_away_after_the_magic() {
+        let (mut a, mut b) = tokio::io::duplex(4096);
+        a.write_all(b"GET / HTTP/1.1\r\n").await.unwrap();
+        let s = server(&mut b, &cfg(2, SECRET), [2; NONCE]).await;
+        assert!(matches!(s, Err(HandshakeError::BadMagic)), "{s:?}");
+    }
+}

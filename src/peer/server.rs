@@ -1,0 +1,245 @@
+//! The accepting side: authenticate each connection, then run the handler for every request
+//! on it, concurrently and bounded, answering on the same connection in completion order.
+
+use super::frame::{self, read_frame, Frame, FrameError, Kind};
+use super::{handshake, Handler, NodeId, Nonces, PeerConfig, PeerStats};
+use crate::net::{Listener, Stream};
+use futures::FutureExt;
+use std::future::Future;
+use std::io;
+use std::net::SocketAddr;
+use std::panic::AssertUnwindSafe;
+use std::sync::Arc;
+use std::time::Duration;
+use tokio::io::BufReader;
+use tokio::sync::{mpsc, watch, OwnedSemaphorePermit, Semaphore};
+use tokio::task::JoinSet;
+use tracing::{debug, warn};
+
+/// Longest error message sent back to a caller; a handler's message is cut there.
+const MAX_ERROR: usize = 4096;
+
+/// A node's peer server: build it, keep its [`stats`](Self::stats), then [`serve`](Self::serve).
+pub struct PeerServer {
+    cfg: PeerConfig,
+    handler: Handler,
+    nonces: Nonces,
+    stats: Arc<PeerStats>,
+}
+
+/// What every connection task shares.
+struct Shared {
+    cfg: PeerConfig,
+    handler: Handler,
+    nonces: Nonces,
+    stats: Arc<PeerStats>,
+}
+
+impl PeerServer {
+    pub fn new(cfg: PeerConfig, handler: Handler, nonces: Nonces) -> Self {
+        PeerServer {
+            cfg,
+            handler,
+            nonces,
+            stats: Arc::default(),
+        }
+    }
+
+    /// The server's counters (handshake failures, requests handled, ...).
+    pub fn stats(&self) -> Arc<PeerStats> {
+        self.stats.clone()
+    }
+
+    /// Accepts peer connections until `shutdown` completes, then closes every connection at
+    /// once (calls in flight on them fail with `ConnectionLost` on the caller's side).
+    pub async fn serve<L: Listener>(
+        self,
+        mut listener: L,
+        shutdown: impl Future<Output = ()> + Send,
+    ) -> io::Result<()> {
+        self.cfg
+            .validate()
+            .map_err(|e| io::Error::new(io::ErrorKind::InvalidInput, e))?;
+        let slots = Arc::new(Semaphore::new(self.cfg.max_connections));
+        let shared = Arc::new(Shared {
+            cfg: self.cfg,
+            handler: self.handler,
+            nonces: self.nonces,
+            stats: self.stats,
+        });
+        let mut conns = JoinSet::new();
+        tokio::pin!(shutdown);
+        loop {
+            tokio::select! {
+                biased;
+                () = &mut shutdown => break,
+                Some(_) = conns.join_next(), if !conns.is_empty() => {}
+                accepted = listener.accept() => {
+                    let (stream, addr) = match accepted {
+                        Ok(a) => a,
+                        Err(e) => {
+                            // Out of descriptors and the like: wait instead of spinning.
+                            warn!(error = %e, "peer accept failed");
+                            tokio::time::sleep(Duration::from_millis(50)).await;
+                            continue;
+                        }
+                    };
+                    let Ok(slot) = slots.clone().try_acquire_owned() else {
+                        PeerStats::bump(&shared.stats.connections_rejected);
+                        warn!(%addr, "peer connection refused: max_connections are open");
+                        continue;
+                    };
+                    conns.spawn(connection(stream, addr, shared.clone(), slot));
+                }
+            }
+        }
+        conns.shutdown().await;
+        Ok(())
+    }
+}
+
+/// Serves peer requests on `listener` with `handler` until `shutdown` completes: the same as
+/// `PeerServer::new(cfg, handler, nonces).serve(listener, shutdown)`, for callers that need no
+/// counters.
+pub async fn serve<L: Listener>(
+    listener: L,
+    cfg: PeerConfig,
+    handler: Handler,
+    nonces: Nonces,
+    shutdown: impl Future<Output = ()> + Send,
+) -> io::Result<()> {
+    PeerServer::new(cfg, handler, nonces)
+        .serve(listener, shutdown)
+        .await
+}
+
+async fn connection<S: Stream>(
+    mut stream: S,
+    addr: SocketAddr,
+    sh: Arc<Shared>,
+    _slot: OwnedSemaphorePermit,
+) {
+    let cfg = &sh.cfg;
+    let nonce = sh.nonces.nonce();
+    let from = match tokio::time::timeout(
+        cfg.handshake_timeout,
+        handshake::server(&mut stream, cfg, nonce),
+    )
+    .await
+    {
+        Ok(Ok(from)) => from,
+        Ok(Err(e)) => {
+            PeerStats::bump(&sh.stats.handshake_failures);
+            warn!(%addr, error = %e, "peer handshake failed; connection closed");
+            return;
+        }
+        Err(_) => {
+            PeerStats::bump(&sh.stats.handshake_failures);
+            warn!(%addr, timeout = ?cfg.handshake_timeout, "peer handshake timed out; connection closed");
+            return;
+        }
+    };
+    PeerStats::bump(&sh.stats.authenticated);
+    debug!(%addr, from, "peer connected");
+    let (rd, wr) = tokio::io::split(stream);
+    let (tx, rx) = mpsc::channel(cfg.max_concurrent_requests + 64);
+    // Dropped when this function returns: tells the connection's handlers to stop.
+    let (_closed_tx, closed) = watch::channel(());
+    let end = tokio::select! {
+        biased;
+        r = frame::write_loop(wr, rx) => r.map_err(FrameError::Io),
+        r = read_requests(BufReader::new(rd), from, &sh, tx, closed) => r,
+    };
+    match end {
+        Ok(()) | Err(FrameError::Closed) => debug!(%addr, from, "peer disconnected"),
+        Err(e @ (FrameError::TooLarge { .. } | FrameError::Malformed(_))) => {
+            PeerStats::bump(&sh.stats.protocol_errors);
+            warn!(%addr, from, error = %e, "peer broke the protocol; connection closed");
+        }
+        Err(e) => debug!(%addr, from, error = %e, "peer connection closed"),
+    }
+}
+
+async fn read_requests<R: tokio::io::AsyncRead + Unpin>(
+    mut rd: R,
+    from: NodeId,
+    sh: &Arc<Shared>,
+    tx: mpsc::Sender<Frame>,
+    closed: watch::Receiver<()>,
+) -> Result<(), FrameError> {
+    let cfg = &sh.cfg;
+    let running = Arc::new(Semaphore::new(cfg.max_concurrent_requests));
+    loop {
+        let f = read_frame(&mut rd, cfg.max_frame, cfg.idle_timeout).await?;
+        let reply = match f.kind {
+            Kind::Ping => Frame::new(Kind::Pong, f.id, Vec::new()),
+            Kind::Request => match running.clone().try_acquire_owned() {
+                Ok(permit) => {
+                    PeerStats::bump(&sh.stats.handled);
+                    tokio::spawn(handle(
+                        f,
+                        from,
+                        sh.clone(),
+                        tx.clone(),
+                        closed.clone(),
+                        permit,
+                    ));
+                    continue;
+                }
+                Err(_) => {
+                    PeerStats::bump(&sh.stats.busy);
+                    Frame::new(Kind::Busy, f.id, Vec::new())
+                }
+            },
+            _ => return Err(FrameError::Malformed("a reply sent to the accepting side")),
+        };
+        if tx.send(reply).await.is_err() {
+            return Ok(());
+        }
+    }
+}
+
+/// Runs the handler for one request, bounded in time, and queues its answer.
+async fn handle(
+    req: Frame,
+    from: NodeId,
+    sh: Arc<Shared>,
+    tx: mpsc::Sender<Frame>,
+    mut closed: watch::Receiver<()>,
+    _permit: OwnedSemaphorePermit,
+) {
+    let limit = sh.cfg.handler_timeout;
+    let run = AssertUnwindSafe((sh.handler)(from, req.body)).catch_unwind();
+    let reply = tokio::select! {
+        biased;
+        // The connection is gone: nobody can receive the answer.
+        _ = closed.changed() => return,
+        r = tokio::time::timeout(limit, run) => match r {
+            Ok(Ok(Ok(body))) if frame::PREFIX + body.len() <= sh.cfg.max_frame as usize => {
+                Frame::new(Kind::Response, req.id, body)
+            }
+            Ok(Ok(Ok(body))) => error(req.id, sh.cfg.max_frame, format!(
+                "the reply of {} bytes exceeds max_frame ({})", body.len(), sh.cfg.max_frame
+            )),
+            Ok(Ok(Err(msg))) => error(req.id, sh.cfg.max_frame, msg),
+            Ok(Err(_panic)) => {
+                warn!(from, "peer request handler panicked");
+                error(req.id, sh.cfg.max_frame, "the handler panicked".into())
+            }
+            Err(_) => error(req.id, sh.cfg.max_frame, format!("the handler did not finish within {limit:?}")),
+        },
+    };
+    let _ = tx.send(reply).await;
+}
+
+fn error(id: u64, max_frame: u32, mut msg: String) -> Frame {
+    let room = MAX_ERROR.min((max_frame as usize).saturating_sub(frame::PREFIX));
+    if msg.len() > room {
+        let mut cut = room;
+        while !msg.is_char_boundary(cut) {
+            cut -= 1;
+        }
+        msg.truncate(cut);
+    }
+    Frame::new(Kind::Error, id, msg.into_bytes())
+}
