@@ -135,7 +135,8 @@ async fn connection<S: Stream>(
         }
         Err(_) => {
             PeerStats::bump(&sh.stats.handshake_failures);
-            warn!(%addr, timeout = ?cfg.handshake_timeout, "peer handshake timed out; connection closed");
+            let timeout = cfg.handshake_timeout;
+            warn!(%addr, ?timeout, "peer handshake timed out; connection closed");
             return;
         }
     };
@@ -208,26 +209,39 @@ async fn handle(
     mut closed: watch::Receiver<()>,
     _permit: OwnedSemaphorePermit,
 ) {
-    let limit = sh.cfg.handler_timeout;
-    let run = AssertUnwindSafe((sh.handler)(from, req.body)).catch_unwind();
-    let reply = tokio::select! {
+    let (limit, max) = (sh.cfg.handler_timeout, sh.cfg.max_frame);
+    let handler = sh.handler.clone();
+    // Calling the handler inside the future puts a panic in its synchronous part under
+    // catch_unwind too.
+    let run = AssertUnwindSafe(async move { handler(from, req.body).await }).catch_unwind();
+    let outcome = tokio::select! {
         biased;
         // The connection is gone: nobody can receive the answer.
         _ = closed.changed() => return,
-        r = tokio::time::timeout(limit, run) => match r {
-            Ok(Ok(Ok(body))) if frame::PREFIX + body.len() <= sh.cfg.max_frame as usize => {
-                Frame::new(Kind::Response, req.id, body)
-            }
-            Ok(Ok(Ok(body))) => error(req.id, sh.cfg.max_frame, format!(
-                "the reply of {} bytes exceeds max_frame ({})", body.len(), sh.cfg.max_frame
-            )),
-            Ok(Ok(Err(msg))) => error(req.id, sh.cfg.max_frame, msg),
-            Ok(Err(_panic)) => {
-                warn!(from, "peer request handler panicked");
-                error(req.id, sh.cfg.max_frame, "the handler panicked".into())
-            }
-            Err(_) => error(req.id, sh.cfg.max_frame, format!("the handler did not finish within {limit:?}")),
-        },
+        r = tokio::time::timeout(limit, run) => r,
+    };
+    let reply = match outcome {
+        Ok(Ok(Ok(body))) if frame::PREFIX + body.len() <= max as usize => {
+            Frame::new(Kind::Response, req.id, body)
+        }
+        Ok(Ok(Ok(body))) => error(
+            req.id,
+            max,
+            format!(
+                "the reply of {} bytes exceeds max_frame ({max})",
+                body.len()
+            ),
+        ),
+        Ok(Ok(Err(msg))) => error(req.id, max, msg),
+        Ok(Err(_panic)) => {
+            warn!(from, "peer request handler panicked");
+            error(req.id, max, "the handler panicked".into())
+        }
+        Err(_) => error(
+            req.id,
+            max,
+            format!("the handler did not finish within {limit:?}"),
+        ),
     };
     let _ = tx.send(reply).await;
 }

@@ -1,0 +1,517 @@
+//! The peer transport over real loopback sockets: correlation, timeouts, reconnects,
+//! authentication and hostile input.
+
+use futures::future::join_all;
+use futures::FutureExt;
+use quorate::net::tcp::{TcpConnector, TcpListener};
+use quorate::net::{Connector, Listener};
+use quorate::peer::frame::{Frame, Kind};
+use quorate::peer::handshake::{self, MAGIC, VERSION};
+use quorate::peer::{Handler, Nonces, PeerConfig, PeerError, PeerServer, PeerStats, Peers};
+use std::alloc::{GlobalAlloc, Layout, System};
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::sync::oneshot;
+use tokio::task::JoinHandle;
+
+/// Records the largest single allocation, to show an announced frame size is never allocated.
+struct Largest;
+static LARGEST: AtomicUsize = AtomicUsize::new(0);
+unsafe impl GlobalAlloc for Largest {
+    unsafe fn alloc(&self, l: Layout) -> *mut u8 {
+        LARGEST.fetch_max(l.size(), Ordering::Relaxed);
+        System.alloc(l)
+    }
+    unsafe fn alloc_zeroed(&self, l: Layout) -> *mut u8 {
+        LARGEST.fetch_max(l.size(), Ordering::Relaxed);
+        System.alloc_zeroed(l)
+    }
+    unsafe fn dealloc(&self, p: *mut u8, l: Layout) {
+        System.dealloc(p, l)
+    }
+    unsafe fn realloc(&self, p: *mut u8, l: Layout, new: usize) -> *mut u8 {
+        LARGEST.fetch_max(new, Ordering::Relaxed);
+        System.realloc(p, l, new)
+    }
+}
+#[global_allocator]
+static ALLOC: Largest = Largest;
+
+const SECRET: &[u8] = b"a 32-byte cluster secret (test).";
+const SERVER: u64 = 2;
+const CLIENT: u64 = 1;
+const LONG: Duration = Duration::from_secs(10);
+
+fn cfg(id: u64, secret: &[u8]) -> PeerConfig {
+    let mut c = PeerConfig::new(id, secret.to_vec());
+    c.handshake_timeout = Duration::from_secs(1);
+    c.handler_timeout = Duration::from_secs(5);
+    c.ping_interval = Duration::from_millis(100);
+    c.idle_timeout = Duration::from_secs(1);
+    c.reconnect_backoff_min = Duration::from_millis(20);
+    c.reconnect_backoff_max = Duration::from_millis(100);
+    c
+}
+
+/// Replies `"{from}:{body}"`, sleeping first for as many milliseconds as a body starting with
+/// `sleep N ` asks; counts every invocation.
+fn handler(calls: Arc<AtomicU64>) -> Handler {
+    Arc::new(move |from, body: Vec<u8>| {
+        calls.fetch_add(1, Ordering::SeqCst);
+        async move {
+            let text = String::from_utf8(body).map_err(|e| e.to_string())?;
+            if let Some(rest) = text.strip_prefix("sleep ") {
+                let ms: u64 = rest.split(' ').next().unwrap().parse().unwrap();
+                tokio::time::sleep(Duration::from_millis(ms)).await;
+            }
+            if text == "panic" {
+                panic!("the test handler was asked to panic");
+            }
+            if text == "fail" {
+                return Err("asked to fail".to_string());
+            }
+            Ok(format!("{from}:{text}").into_bytes())
+        }
+        .boxed()
+    })
+}
+
+struct Server {
+    addr: SocketAddr,
+    stats: Arc<PeerStats>,
+    calls: Arc<AtomicU64>,
+    stop: Option<oneshot::Sender<()>>,
+    task: JoinHandle<std::io::Result<()>>,
+}
+
+impl Server {
+    async fn start(cfg: PeerConfig) -> Server {
+        Server::start_on("127.0.0.1:0".parse().unwrap(), cfg).await
+    }
+
+    async fn start_on(addr: SocketAddr, cfg: PeerConfig) -> Server {
+        let listener = TcpListener::bind(addr).await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let calls = Arc::new(AtomicU64::new(0));
+        let server = PeerServer::new(cfg, handler(calls.clone()), Nonces::from_seed([7; 32]));
+        let stats = server.stats();
+        let (stop, stopped) = oneshot::channel::<()>();
+        let task = tokio::spawn(server.serve(listener, async move {
+            let _ = stopped.await;
+        }));
+        Server {
+            addr,
+            stats,
+            calls,
+            stop: Some(stop),
+            task,
+        }
+    }
+
+    async fn kill(mut self) {
+        let _ = self.stop.take().unwrap().send(());
+        self.task.await.unwrap().unwrap();
+    }
+}
+
+fn peers(cfg: PeerConfig, server: SocketAddr) -> Peers<TcpConnector> {
+    Peers::new(
+        cfg,
+        TcpConnector,
+        [(SERVER, server)],
+        Nonces::from_seed([1; 32]),
+    )
+    .unwrap()
+}
+
+fn get(c: &AtomicU64) -> u64 {
+    PeerStats::get(c)
+}
+
+/// Waits until `cond` holds, up to five seconds.
+async fn until(what: &str, cond: impl Fn() -> bool) {
+    for _ in 0..500 {
+        if cond() {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    panic!("timed out waiting for {what}");
+}
+
+#[tokio::test]
+async fn a_call_gets_its_handlers_reply_and_the_handler_learns_the_caller() {
+    let s = Server::start(cfg(SERVER, SECRET)).await;
+    let p = peers(cfg(CLIENT, SECRET), s.addr);
+    assert_eq!(p.call(SERVER, b"hi".to_vec(), LONG).await.unwrap(), b"1:hi");
+    assert_eq!(
+        p.call(SERVER, b"fail".to_vec(), LONG).await,
+        Err(PeerError::Remote {
+            peer: SERVER,
+            message: "asked to fail".into()
+        })
+    );
+    assert_eq!(s.calls.load(Ordering::SeqCst), 2);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_thousand_concurrent_calls_share_one_connection_and_each_gets_its_own_reply() {
+    let s = Server::start(cfg(SERVER, SECRET)).await;
+    let p = peers(cfg(CLIENT, SECRET), s.addr);
+    // Varied sleeps make the replies come back out of order.
+    let calls = (0..1000u32).map(|i| {
+        let p = p.clone();
+        async move {
+            let body = format!("sleep {} #{i}", (i * 7919) % 50);
+            let reply = p.call(SERVER, body.clone().into_bytes(), LONG).await;
+            (body, reply)
+        }
+    });
+    for (body, reply) in join_all(calls).await {
+        assert_eq!(reply.unwrap(), format!("1:{body}").into_bytes());
+    }
+    assert_eq!(get(&s.stats.authenticated), 1, "one connection for all");
+    assert_eq!(s.calls.load(Ordering::SeqCst), 1000);
+}
+
+#[tokio::test]
+async fn a_call_to_a_slow_handler_times_out_and_the_connection_serves_the_next_call() {
+    let s = Server::start(cfg(SERVER, SECRET)).await;
+    let p = peers(cfg(CLIENT, SECRET), s.addr);
+    let t = Duration::from_millis(200);
+    assert_eq!(
+        p.call(SERVER, b"sleep 3000 ".to_vec(), t).await,
+        Err(PeerError::Timeout {
+            peer: SERVER,
+            after: t
+        })
+    );
+    assert_eq!(
+        p.call(SERVER, b"quick".to_vec(), t).await.unwrap(),
+        b"1:quick"
+    );
+    assert_eq!(
+        get(&s.stats.authenticated),
+        1,
+        "the timeout kept the connection"
+    );
+}
+
+#[tokio::test]
+async fn a_handler_running_past_the_servers_limit_is_answered_as_a_remote_error() {
+    let mut c = cfg(SERVER, SECRET);
+    c.handler_timeout = Duration::from_millis(100);
+    let s = Server::start(c).await;
+    let p = peers(cfg(CLIENT, SECRET), s.addr);
+    match p.call(SERVER, b"sleep 2000 ".to_vec(), LONG).await {
+        Err(PeerError::Remote { message, .. }) => assert!(message.contains("did not finish")),
+        other => panic!("{other:?}"),
+    }
+}
+
+#[tokio::test]
+async fn a_panicking_handler_is_answered_as_a_remote_error_and_the_server_goes_on() {
+    let s = Server::start(cfg(SERVER, SECRET)).await;
+    let p = peers(cfg(CLIENT, SECRET), s.addr);
+    match p.call(SERVER, b"panic".to_vec(), LONG).await {
+        Err(PeerError::Remote { message, .. }) => assert!(message.contains("panicked")),
+        other => panic!("{other:?}"),
+    }
+    assert_eq!(p.call(SERVER, b"ok".to_vec(), LONG).await.unwrap(), b"1:ok");
+}
+
+#[tokio::test]
+async fn pending_calls_fail_when_the_server_dies_then_fail_fast_then_work_after_restart() {
+    let s = Server::start(cfg(SERVER, SECRET)).await;
+    let addr = s.addr;
+    let p = peers(cfg(CLIENT, SECRET), addr);
+    let pending: Vec<_> = (0..5)
+        .map(|_| {
+            let p = p.clone();
+            tokio::spawn(async move { p.call(SERVER, b"sleep 60000 ".to_vec(), LONG).await })
+        })
+        .collect();
+    let calls = s.calls.clone();
+    until("the handlers to start", || {
+        calls.load(Ordering::SeqCst) == 5
+    })
+    .await;
+    s.kill().await;
+    for call in pending {
+        let r = tokio::time::timeout(Duration::from_secs(2), call)
+            .await
+            .expect("a pending call ends when its connection dies")
+            .unwrap();
+        assert_eq!(r, Err(PeerError::ConnectionLost { peer: SERVER }));
+    }
+    // Down: each call fails at once rather than waiting out its timeout.
+    for _ in 0..3 {
+        let r = tokio::time::timeout(
+            Duration::from_millis(500),
+            p.call(SERVER, b"x".to_vec(), LONG),
+        )
+        .await
+        .expect("fails fast");
+        assert!(matches!(r, Err(PeerError::Unreachable { .. })), "{r:?}");
+    }
+    let s = Server::start_on(addr, cfg(SERVER, SECRET)).await;
+    let mut answered = None;
+    for _ in 0..100 {
+        match p.call(SERVER, b"again".to_vec(), LONG).await {
+            Ok(r) => {
+                answered = Some(r);
+                break;
+            }
+            Err(PeerError::Unreachable { .. }) => {
+                tokio::time::sleep(Duration::from_millis(20)).await
+            }
+            Err(e) => panic!("{e}"),
+        }
+    }
+    assert_eq!(answered.expect("reconnected after the restart"), b"1:again");
+    assert_eq!(get(&s.stats.authenticated), 1);
+}
+
+#[tokio::test]
+async fn a_client_with_the_wrong_secret_is_refused_and_never_reaches_the_handler() {
+    let s = Server::start(cfg(SERVER, SECRET)).await;
+    let p = peers(cfg(CLIENT, b"not the cluster secret, at all"), s.addr);
+    let r = p.call(SERVER, b"x".to_vec(), LONG).await;
+    assert!(matches!(r, Err(PeerError::Auth { .. })), "{r:?}");
+    let stats = s.stats.clone();
+    until("the failure to be counted", || {
+        get(&stats.handshake_failures) == 1
+    })
+    .await;
+    assert_eq!(get(&s.stats.authenticated), 0);
+    assert_eq!(s.calls.load(Ordering::SeqCst), 0);
+}
+
+#[tokio::test]
+async fn a_server_with_the_wrong_secret_is_refused_by_the_client() {
+    let s = Server::start(cfg(SERVER, b"not the cluster secret, at all")).await;
+    let p = peers(cfg(CLIENT, SECRET), s.addr);
+    let r = p.call(SERVER, b"x".to_vec(), LONG).await;
+    assert!(matches!(r, Err(PeerError::Auth { .. })), "{r:?}");
+    assert_eq!(s.calls.load(Ordering::SeqCst), 0);
+}
+
+#[tokio::test]
+async fn a_peer_without_the_secret_cannot_get_a_request_handled_by_guessing_the_proof() {
+    // Speaks the protocol by hand, sends a wrong proof, then a request anyway.
+    let s = Server::start(cfg(SERVER, SECRET)).await;
+    let mut sock = TcpConnector.connect(s.addr).await.unwrap();
+    let mut hello = MAGIC.to_vec();
+    hello.extend_from_slice(&VERSION.to_be_bytes());
+    hello.extend_from_slice(&CLIENT.to_be_bytes());
+    hello.extend_from_slice(&[9; 32]);
+    sock.write_all(&hello).await.unwrap();
+    let mut reply = [0u8; 78];
+    sock.read_exact(&mut reply).await.unwrap();
+    let mut attack = vec![0u8; 32];
+    Frame::new(Kind::Request, 1, b"x".to_vec()).encode_into(&mut attack);
+    let _ = sock.write_all(&attack).await;
+    let mut rest = Vec::new();
+    let read = tokio::time::timeout(Duration::from_secs(3), sock.read_to_end(&mut rest)).await;
+    assert!(read.is_ok(), "the server closes the connection");
+    assert!(rest.is_empty(), "no acceptance, no reply: {rest:?}");
+    let stats = s.stats.clone();
+    until("the failure to be counted", || {
+        get(&stats.handshake_failures) == 1
+    })
+    .await;
+    assert_eq!(s.calls.load(Ordering::SeqCst), 0);
+    assert_eq!(get(&s.stats.authenticated), 0);
+}
+
+#[tokio::test]
+async fn an_oversized_frame_closes_its_connection_without_allocating_and_others_go_on() {
+    let s = Server::start(cfg(SERVER, SECRET)).await;
+    let mut sock = TcpConnector.connect(s.addr).await.unwrap();
+    handshake::client(&mut sock, &cfg(CLIENT, SECRET), SERVER, [3; 32])
+        .await
+        .unwrap();
+    sock.write_all(&u32::MAX.to_be_bytes()).await.unwrap();
+    sock.write_all(&[Kind::Request as u8, 0, 0, 0, 0, 0, 0, 0, 1])
+        .await
+        .unwrap();
+    let mut rest = Vec::new();
+    let read = tokio::time::timeout(Duration::from_millis(500), sock.read_to_end(&mut rest)).await;
+    assert!(
+        LARGEST.load(Ordering::Relaxed) < 1 << 30,
+        "largest allocation {}",
+        LARGEST.load(Ordering::Relaxed)
+    );
+    assert!(read.is_ok(), "closed at once, not after the idle timeout");
+    assert!(rest.is_empty());
+    assert_eq!(get(&s.stats.protocol_errors), 1);
+    let p = peers(cfg(CLIENT, SECRET), s.addr);
+    assert_eq!(
+        p.call(SERVER, b"still".to_vec(), LONG).await.unwrap(),
+        b"1:still"
+    );
+    assert_eq!(s.calls.load(Ordering::SeqCst), 1);
+}
+
+#[tokio::test]
+async fn another_protocol_before_the_handshake_is_closed() {
+    let s = Server::start(cfg(SERVER, SECRET)).await;
+    let mut sock = TcpConnector.connect(s.addr).await.unwrap();
+    sock.write_all(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n")
+        .await
+        .unwrap();
+    let mut rest = Vec::new();
+    let read = tokio::time::timeout(Duration::from_millis(500), sock.read_to_end(&mut rest)).await;
+    assert!(
+        read.is_ok(),
+        "closed at once, not after the handshake timeout"
+    );
+    assert!(rest.is_empty());
+    assert_eq!(get(&s.stats.handshake_failures), 1);
+}
+
+#[tokio::test]
+async fn a_silent_connection_is_closed_after_the_handshake_timeout() {
+    let s = Server::start(cfg(SERVER, SECRET)).await;
+    let mut sock = TcpConnector.connect(s.addr).await.unwrap();
+    let mut rest = Vec::new();
+    let read = tokio::time::timeout(Duration::from_secs(3), sock.read_to_end(&mut rest)).await;
+    assert!(
+        read.is_ok(),
+        "an unauthenticated peer cannot hold a connection"
+    );
+    assert_eq!(get(&s.stats.handshake_failures), 1);
+}
+
+#[tokio::test]
+async fn a_peer_claiming_the_servers_own_id_or_an_unknown_id_is_refused() {
+    let mut c = cfg(SERVER, SECRET);
+    c.members = Some(Arc::from(vec![1, 2, 3]));
+    let s = Server::start(c).await;
+    for claimed in [SERVER, 9] {
+        let p = peers(cfg(claimed, SECRET), s.addr);
+        let r = p.call(SERVER, b"x".to_vec(), LONG).await;
+        assert_eq!(
+            r,
+            Err(PeerError::Refused { peer: SERVER }),
+            "claiming {claimed}"
+        );
+    }
+    assert_eq!(get(&s.stats.handshake_failures), 2);
+    assert_eq!(s.calls.load(Ordering::SeqCst), 0);
+    // A member is let in.
+    let p = peers(cfg(3, SECRET), s.addr);
+    assert_eq!(p.call(SERVER, b"x".to_vec(), LONG).await.unwrap(), b"3:x");
+}
+
+#[tokio::test]
+async fn a_node_at_the_wrong_address_is_not_trusted_as_the_one_dialed() {
+    let s = Server::start(cfg(SERVER, SECRET)).await;
+    let p = Peers::new(
+        cfg(CLIENT, SECRET),
+        TcpConnector,
+        [(3, s.addr)],
+        Nonces::from_seed([1; 32]),
+    )
+    .unwrap();
+    let r = p.call(3, b"x".to_vec(), LONG).await;
+    assert!(matches!(r, Err(PeerError::Auth { peer: 3, .. })), "{r:?}");
+    assert_eq!(s.calls.load(Ordering::SeqCst), 0);
+}
+
+#[tokio::test]
+async fn calls_beyond_the_in_flight_limit_fail_as_overloaded() {
+    let s = Server::start(cfg(SERVER, SECRET)).await;
+    let mut c = cfg(CLIENT, SECRET);
+    c.max_in_flight = 2;
+    let p = peers(c, s.addr);
+    let slow: Vec<_> = (0..2)
+        .map(|_| {
+            let p = p.clone();
+            tokio::spawn(async move { p.call(SERVER, b"sleep 500 ".to_vec(), LONG).await })
+        })
+        .collect();
+    let calls = s.calls.clone();
+    until("both slow calls to run", || {
+        calls.load(Ordering::SeqCst) == 2
+    })
+    .await;
+    assert_eq!(
+        p.call(SERVER, b"x".to_vec(), LONG).await,
+        Err(PeerError::Overloaded {
+            peer: SERVER,
+            limit: 2
+        })
+    );
+    for c in slow {
+        c.await.unwrap().unwrap();
+    }
+    // The slots are free again.
+    p.call(SERVER, b"x".to_vec(), LONG).await.unwrap();
+}
+
+#[tokio::test]
+async fn requests_beyond_the_servers_concurrency_are_answered_busy() {
+    let mut c = cfg(SERVER, SECRET);
+    c.max_concurrent_requests = 1;
+    let s = Server::start(c).await;
+    let p = peers(cfg(CLIENT, SECRET), s.addr);
+    let slow = {
+        let p = p.clone();
+        tokio::spawn(async move { p.call(SERVER, b"sleep 500 ".to_vec(), LONG).await })
+    };
+    let calls = s.calls.clone();
+    until("the slow call to run", || calls.load(Ordering::SeqCst) == 1).await;
+    assert_eq!(
+        p.call(SERVER, b"x".to_vec(), LONG).await,
+        Err(PeerError::Busy { peer: SERVER })
+    );
+    slow.await.unwrap().unwrap();
+    assert_eq!(get(&s.stats.busy), 1);
+}
+
+#[tokio::test]
+async fn a_body_over_the_frame_limit_is_refused_before_sending() {
+    let mut c = cfg(CLIENT, SECRET);
+    c.max_frame = 1024;
+    // Nothing listens there: the refusal happens before any dial.
+    let p = peers(c, "127.0.0.1:9".parse().unwrap());
+    let r = p.call(SERVER, vec![0; 1024], LONG).await;
+    assert!(
+        matches!(r, Err(PeerError::TooLarge { len: 1024, .. })),
+        "{r:?}"
+    );
+}
+
+#[tokio::test]
+async fn a_connection_that_goes_silent_fails_its_calls_after_the_idle_timeout() {
+    // A fake server that authenticates, then neither reads nor answers: a partition.
+    let mut listener = TcpListener::bind("127.0.0.1:0".parse().unwrap())
+        .await
+        .unwrap();
+    let addr = listener.local_addr().unwrap();
+    let fake = tokio::spawn(async move {
+        let (mut sock, _) = listener.accept().await.unwrap();
+        handshake::server(&mut sock, &cfg(SERVER, SECRET), [5; 32])
+            .await
+            .unwrap();
+        tokio::time::sleep(Duration::from_secs(30)).await;
+        drop(sock);
+    });
+    let p = peers(cfg(CLIENT, SECRET), addr);
+    let r = tokio::time::timeout(Duration::from_secs(5), p.call(SERVER, b"x".to_vec(), LONG))
+        .await
+        .expect("the idle timeout (1 s) ends the call, not the call's 10 s timeout");
+    assert_eq!(r, Err(PeerError::ConnectionLost { peer: SERVER }));
+    fake.abort();
+}
+
+#[test]
+fn the_config_debug_output_hides_the_secret() {
+    let text = format!("{:?}", cfg(1, SECRET));
+    assert!(!text.contains("cluster secret"), "{text}");
+    assert!(text.contains("<32 bytes>"), "{text}");
+}
