@@ -145,6 +145,15 @@ impl Drop for Waiting {
 impl<C: Connector> Peers<C> {
     /// A client for the peers `(id, peer address)`, dialing through `connector`. Nothing is
     /// dialed until the first call. Fails if `cfg` does not [validate](PeerConfig::validate).
+    ///
+    /// ```
+    /// use quorate::net::tcp::TcpConnector;
+    /// use quorate::peer::{Nonces, PeerConfig, Peers};
+    /// let cfg = PeerConfig::new(1, b"a cluster secret of 32 bytes....".to_vec());
+    /// let peers = [(2, "10.0.0.2:7001".parse().unwrap())];
+    /// let client = Peers::new(cfg, TcpConnector, peers, Nonces::from_seed([0; 32])).unwrap();
+    /// # drop(client);
+    /// ```
     pub fn new(
         cfg: PeerConfig,
         connector: C,
@@ -399,7 +408,7 @@ fn spawn_connection<S: Stream>(stream: S, peer: NodeId, cfg: &PeerConfig) -> Arc
         let end = tokio::select! {
             biased;
             r = read_replies(BufReader::new(rd), &table, peer, max, idle) => r,
-            r = frame::write_loop(wr, rx) => r.map_err(FrameError::Io),
+            r = frame::write_loop(wr, rx, idle) => r.map_err(FrameError::Io),
             () = ping(weak, every) => Ok(()),
         };
         match end {

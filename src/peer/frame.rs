@@ -164,12 +164,21 @@ pub(crate) async fn read_full<R: AsyncRead + Unpin>(
     Ok(())
 }
 
-/// Writes queued frames until every sender is gone: all frames queued at the moment go out in
-/// one `write_all` and one flush (a burst of calls costs one syscall, not one each).
+/// Writes queued frames until every sender is gone: all frames queued at the moment go out
+/// together, then one flush (a burst of calls costs one write, not one each). A write that
+/// makes no progress for `idle` fails: a peer that stops reading (or a partition that fills
+/// the socket buffer) must not hold the connection, and everything queued on it, forever.
 pub(crate) async fn write_loop<W: AsyncWrite + Unpin>(
     mut w: W,
     mut rx: mpsc::Receiver<Frame>,
+    idle: Duration,
 ) -> io::Result<()> {
+    let stalled = || {
+        io::Error::new(
+            io::ErrorKind::TimedOut,
+            format!("no write progress for {idle:?}"),
+        )
+    };
     let mut buf = Vec::new();
     while let Some(first) = rx.recv().await {
         buf.clear();
@@ -180,8 +189,14 @@ pub(crate) async fn write_loop<W: AsyncWrite + Unpin>(
                 Err(_) => break,
             }
         }
-        w.write_all(&buf).await?;
-        w.flush().await?;
+        for chunk in buf.chunks(CHUNK) {
+            tokio::time::timeout(idle, w.write_all(chunk))
+                .await
+                .map_err(|_| stalled())??;
+        }
+        tokio::time::timeout(idle, w.flush())
+            .await
+            .map_err(|_| stalled())??;
         if buf.capacity() > 4 * BATCH {
             // Do not keep a snapshot-sized buffer for the connection's lifetime.
             buf = Vec::new();
@@ -246,6 +261,17 @@ mod tests {
             parse_prefix([6, 0, 0, 0, 0, 0, 0, 0, 1]),
             Err(FrameError::Malformed(_))
         ));
+    }
+
+    #[tokio::test]
+    async fn a_writer_whose_peer_stops_reading_fails_after_the_idle_time() {
+        let (w, _unread) = tokio::io::duplex(1024);
+        let (tx, rx) = mpsc::channel(4);
+        tx.send(Frame::new(Kind::Response, 1, vec![0; 1 << 20]))
+            .await
+            .unwrap();
+        let r = write_loop(w, rx, Duration::from_millis(50)).await;
+        assert_eq!(r.unwrap_err().kind(), io::ErrorKind::TimedOut);
     }
 
     #[tokio::test]

@@ -41,7 +41,8 @@
 //! A partitioned connection drops segments silently and a read on it waits forever, so:
 //! - every call has a timeout ([`Peers::call`]);
 //! - the dialer sends a ping every [`PeerConfig::ping_interval`] and the acceptor answers; each
-//!   side closes a connection on which nothing arrived for [`PeerConfig::idle_timeout`]. A
+//!   side closes a connection on which nothing arrived for [`PeerConfig::idle_timeout`], or
+//!   on which a write made no progress for as long (a peer that stopped reading). A
 //!   single timed-out call does not close the connection (other calls on it may be healthy and
 //!   one slow handler is no evidence of a dead link); a connection that times out is dropped;
 //! - the calls waiting on one connection are capped ([`PeerConfig::max_in_flight`]), as are the

@@ -36,6 +36,17 @@ struct Shared {
 }
 
 impl PeerServer {
+    /// A server answering peers with `handler`.
+    ///
+    /// ```
+    /// use futures::FutureExt;
+    /// use quorate::peer::{Handler, Nonces, PeerConfig, PeerServer};
+    /// use std::sync::Arc;
+    /// let echo: Handler = Arc::new(|_from, body| async move { Ok(body) }.boxed());
+    /// let cfg = PeerConfig::new(2, b"a cluster secret of 32 bytes....".to_vec());
+    /// let server = PeerServer::new(cfg, echo, Nonces::from_seed([0; 32]));
+    /// assert_eq!(quorate::peer::PeerStats::get(&server.stats().handled), 0);
+    /// ```
     pub fn new(cfg: PeerConfig, handler: Handler, nonces: Nonces) -> Self {
         PeerServer {
             cfg,
@@ -148,7 +159,7 @@ async fn connection<S: Stream>(
     let (_closed_tx, closed) = watch::channel(());
     let end = tokio::select! {
         biased;
-        r = frame::write_loop(wr, rx) => r.map_err(FrameError::Io),
+        r = frame::write_loop(wr, rx, cfg.idle_timeout) => r.map_err(FrameError::Io),
         r = read_requests(BufReader::new(rd), from, &sh, tx, closed) => r,
     };
     match end {
