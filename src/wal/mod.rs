@@ -1,46 +1,95 @@
-//! The node's write-ahead log: one file shared by every Raft group on the node, with group
-//! commit.
+//! The node's write-ahead log: one log shared by every Raft group on the node, with group
+//! commit and compaction.
 //!
 //! Why one log: each fsync costs a disk round trip (a millisecond or more), and a node runs
 //! one Raft group per shard. One log per group would cost one sync per group per batch; one
 //! shared log lets a single `fdatasync` cover whatever every group appended meanwhile.
 //!
-//! What it promises: [`Wal::append`] resolves `Ok` only after the record is written and
-//! synced (`File::sync_data`), so an acknowledged record survives a crash or power loss.
-//! [`Wal::open`] returns every intact record in append order and truncates a torn or corrupt
-//! tail (see [`recover`]). Records are opaque: a group id, a kind byte and bytes.
+//! # What it promises
+//! - A *submission* is one or more records ([`Batch`]). [`Wal::reserve`] waits for room in
+//!   the bounded queue; [`Reserved::submit`] then enqueues synchronously, so submissions enter
+//!   the log in the order `submit` is called, and returns a [`Durable`] future that resolves
+//!   `Ok` only after the records are written and synced (`File::sync_data`).
+//!   [`Reserved::submit_then`] calls a function instead (on the writer thread). [`Wal::append`]
+//!   is the one-record, wait-for-it form.
+//! - Completions come in queue order, and one sync covers everything written before it, so a
+//!   completed submission vouches for every earlier one: the log on disk is always a *prefix*
+//!   of the submission stream.
+//! - A submission's records are written contiguously, in order. A crash can cut it: recovery
+//!   keeps the intact records before the cut (a prefix of the submission, never a gap).
+//! - [`Wal::open`] returns every intact record in append order and truncates a torn or corrupt
+//!   tail (see [`recover`]). Records are opaque: a group id, a kind byte and bytes.
 //!
-//! What it does not do yet (issue 4): one segment file (`wal-000001.log`) holds the whole log,
-//! so it grows until compaction exists; there is no per-group truncation or purge, no
-//! openraft storage adaptor and no lock against two processes opening the same directory.
+//! Bounded: at most `queue_records` submissions and `queue_bytes` framed bytes are queued or
+//! being written at once (later submitters wait in `reserve`), one record holds at most
+//! `max_record_bytes`, and one submission at most `queue_bytes`.
 //!
-//! Bounded: at most `queue_records` appends and `queue_bytes` framed bytes are queued or being
-//! written at once (later appenders wait), and one record holds at most `max_record_bytes`.
-//!
-//! An append whose future is dropped after it was queued may still be written: like any log,
+//! A submission whose future is dropped after it was queued is still written: like any log,
 //! only `Ok` means durable, and anything not acknowledged may or may not survive.
 //! Dropping the last clone of a [`Wal`] waits for the writer to finish its queue and close the
 //! file (at most one batch), so a reopen afterwards sees everything that was acknowledged.
+//!
+//! # Segments and compaction
+//! The log lives in numbered segment files (`wal-000001.log`, `wal-000002.log`, ...); one is
+//! current. Once the current segment reaches `compact_bytes` (and at least twice the size of
+//! its own checkpoint, so a large live state does not compact after every batch), and a
+//! [`SnapshotSource`] is set, the writer thread, between two batches:
+//! 1. asks the source for the live state as records (for the Raft store: every group's vote,
+//!    committed id, purge point and entries);
+//! 2. writes them to segment N+1, then a checkpoint marker record, then syncs the file and the
+//!    directory;
+//! 3. appends from then on to N+1, and deletes segment N.
+//!
+//! Recovery uses the newest *complete* segment — segment 1, or one whose scan reaches its
+//! checkpoint marker — and deletes every other one. Crash reasoning, step by step:
+//! - before the marker is durable (during 2): N+1 is incomplete (the scan stops at the first
+//!   bad record, so it cannot reach a marker with anything torn before it); recovery deletes
+//!   it and uses N, which is untouched and holds everything acknowledged;
+//! - after 2: N+1 is complete and its name durable, so recovery picks it; no append went to
+//!   N+1 before its directory entry was synced, and no append went to N after the checkpoint
+//!   was taken (one thread does both), so nothing acknowledged is missing;
+//! - during 3: N is superseded and deleted again at open.
+//!
+//! A failure in step 2 removes N+1 (and syncs the directory) and carries on in N; if even that
+//! fails, the log poisons itself, since a surviving N+1 would hide later appends to N.
+//!
+//! Why the checkpoint may include records still queued: the source reads state that
+//! submitters update *before* they submit, so the checkpoint can be slightly ahead of what was
+//! written. Those queued records are then written after it, i.e. replayed twice. The Raft
+//! store's records are idempotent per group (set vote, set committed, put entry at index,
+//! delete a range, raise the purge point: replaying a suffix of them on the state they led to
+//! changes nothing), so this is harmless, and each group's checkpoint is still a prefix of that
+//! group's records that includes everything written. Across groups no order is kept or needed.
+//!
+//! Not done: no lock against two processes opening the same directory; compaction stalls
+//! appends while it writes (a checkpoint of the live state, normally small next to 64 MiB).
 
 pub mod record;
 pub mod recover;
+mod segment;
 mod writer;
 
-use std::fs::{File, OpenOptions};
+use std::future::Future;
 use std::io;
 use std::path::{Path, PathBuf};
+use std::pin::Pin;
 use std::sync::atomic::Ordering;
-use std::sync::Arc;
+use std::sync::{Arc, MutexGuard, PoisonError};
+use std::task::{Context, Poll};
 use std::thread::JoinHandle;
 
-use tokio::sync::{mpsc, oneshot, Semaphore};
+use tokio::sync::{mpsc, oneshot, OwnedSemaphorePermit, Semaphore};
 
 pub use record::Record;
 use record::{encode_into, payload_len, FRAME_HEADER, PAYLOAD_HEADER};
-use writer::{Request, Settings, Stats};
+pub use segment::segment_name;
+use writer::{Done, Notify, Request, Settings, Shared};
 
-/// The single segment's file name inside the WAL directory.
+/// The first segment's file name inside the WAL directory.
 pub const SEGMENT_NAME: &str = "wal-000001.log";
+
+/// Produces the live state as records, for compaction; called on the writer thread.
+pub type SnapshotSource = Arc<dyn Fn() -> io::Result<Vec<Record>> + Send + Sync>;
 
 /// Tuning and (for tests) safety switches.
 #[derive(Debug, Clone)]
@@ -48,10 +97,14 @@ pub struct WalOptions {
     /// Largest payload (group + kind + bytes) one record may hold. Larger appends are refused;
     /// on recovery a larger length marks a corrupt tail.
     pub max_record_bytes: u32,
-    /// Most appends queued or in the batch being written.
+    /// Most submissions queued or in the batch being written.
     pub queue_records: usize,
     /// Most framed bytes queued or in the batch being written; at least one maximal record.
+    /// Also the largest one submission may be.
     pub queue_bytes: usize,
+    /// Compact once the current segment is this long (and twice its checkpoint); only with a
+    /// [`SnapshotSource`] set.
+    pub compact_bytes: u64,
     /// `true` (the default) syncs every batch. `false` is UNSAFE: acknowledged records can be
     /// lost on power failure. It exists as the negative control for durability tests.
     pub sync: bool,
@@ -63,6 +116,7 @@ impl Default for WalOptions {
             max_record_bytes: 16 << 20,
             queue_records: 4096,
             queue_bytes: 64 << 20,
+            compact_bytes: 64 << 20,
             sync: true,
         }
     }
@@ -89,7 +143,115 @@ impl WalOptions {
         if self.queue_records == 0 {
             return invalid("queue_records must be at least 1".into());
         }
+        if self.compact_bytes == 0 {
+            return invalid("compact_bytes must be at least 1".into());
+        }
         Ok(())
+    }
+
+    /// The most framed bytes one submission may hold.
+    fn max_submission(&self) -> usize {
+        self.queue_bytes.min(u32::MAX as usize)
+    }
+}
+
+/// Records to be written as one submission: contiguous and in order.
+pub struct Batch {
+    frames: Vec<u8>,
+    records: usize,
+    max_record_bytes: u32,
+}
+
+impl Batch {
+    /// Adds a record. Refuses (`InvalidInput`) a payload over `max_record_bytes` and the
+    /// checkpoint marker's exact record.
+    pub fn push(&mut self, group: u64, kind: u8, bytes: &[u8]) -> io::Result<()> {
+        let max = self.max_record_bytes;
+        if payload_len(bytes.len()).filter(|&len| len <= max).is_none() {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidInput,
+                format!(
+                    "wal record of {} payload bytes exceeds max_record_bytes {max}",
+                    bytes.len().saturating_add(PAYLOAD_HEADER)
+                ),
+            ));
+        }
+        if segment::is_checkpoint_marker(group, kind, bytes) {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidInput,
+                "the wal reserves this record as its checkpoint marker",
+            ));
+        }
+        encode_into(&mut self.frames, group, kind, bytes);
+        self.records += 1;
+        Ok(())
+    }
+
+    /// The most caller bytes one record may hold.
+    pub fn max_record_bytes(&self) -> usize {
+        self.max_record_bytes as usize - PAYLOAD_HEADER
+    }
+
+    /// Records pushed so far.
+    pub fn len(&self) -> usize {
+        self.records
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.records == 0
+    }
+
+    /// Bytes on disk so far.
+    pub fn framed_len(&self) -> usize {
+        self.frames.len()
+    }
+}
+
+/// A submission with its room in the queue reserved: submitting it cannot block or fail.
+pub struct Reserved {
+    frames: Vec<u8>,
+    permit: mpsc::OwnedPermit<Request>,
+    budget: OwnedSemaphorePermit,
+}
+
+impl Reserved {
+    /// Enqueues the records now (behind every earlier `submit`); the future resolves once they
+    /// are durable. Dropping the future does not withdraw them.
+    pub fn submit(self) -> Durable {
+        let (tx, rx) = oneshot::channel();
+        self.send(Done::new(Notify::Channel(tx)));
+        Durable { rx }
+    }
+
+    /// Enqueues the records now; `then` is called with the outcome once they are durable (or
+    /// failed). It runs on the writer thread: it must be quick and must not block.
+    pub fn submit_then(self, then: impl FnOnce(io::Result<()>) + Send + 'static) {
+        self.send(Done::new(Notify::Callback(Box::new(then))));
+    }
+
+    fn send(self, done: Done) {
+        // If the writer is gone the request is dropped, and dropping `done` reports the
+        // failure (see `writer::Done`).
+        self.permit.send(Request {
+            frames: self.frames,
+            done,
+            _permit: self.budget,
+        });
+    }
+}
+
+/// Resolves once a submission is durable; `Err` if it failed or the writer stopped.
+pub struct Durable {
+    rx: oneshot::Receiver<io::Result<()>>,
+}
+
+impl Future for Durable {
+    type Output = io::Result<()>;
+
+    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.rx)
+            .poll(cx)
+            .map(|r| r.unwrap_or_else(|_| Err(stopped())))
     }
 }
 
@@ -102,9 +264,9 @@ pub struct Wal {
 struct Inner {
     tx: Option<mpsc::Sender<Request>>,
     budget: Arc<Semaphore>,
-    stats: Arc<Stats>,
+    shared: Arc<Shared>,
     max_record_bytes: u32,
-    path: PathBuf,
+    max_submission: usize,
     writer: Option<JoinHandle<()>>,
 }
 
@@ -125,103 +287,147 @@ impl Wal {
         Wal::open_with(dir, WalOptions::default())
     }
 
-    /// Opens (creating the directory and file if missing) the log in `dir`, recovers it, and
-    /// starts the writer. Returns every intact record in append order.
+    /// Opens (creating the directory and first segment if missing) the log in `dir`, recovers
+    /// it from its newest complete segment, and starts the writer. Returns every intact record
+    /// in append order (a checkpoint's records first).
     ///
-    /// Blocking: it reads the whole log. From async code, call it in `spawn_blocking`.
+    /// Blocking: it reads the whole segment. From async code, call it in `spawn_blocking`.
     pub fn open_with(dir: impl AsRef<Path>, options: WalOptions) -> io::Result<(Wal, Vec<Record>)> {
         options.validate()?;
         let dir = dir.as_ref();
         std::fs::create_dir_all(dir)?;
-        let path = dir.join(SEGMENT_NAME);
-        let mut file = OpenOptions::new()
-            .read(true)
-            .write(true)
-            .create(true)
-            .truncate(false)
-            .open(&path)?;
-        sync_dir(dir)?;
-        let recovered = recover::recover(&mut file, options.max_record_bytes)?;
+        let opened = segment::open_newest(dir, options.max_record_bytes)?;
         let (tx, rx) = mpsc::channel(options.queue_records);
-        let stats = Arc::new(Stats::default());
+        let shared = Arc::new(Shared::default());
+        *shared.path.lock().unwrap_or_else(PoisonError::into_inner) = opened.path;
         let settings = Settings {
             max_batch: options.queue_records,
             sync: options.sync,
+            compact_bytes: options.compact_bytes,
+            max_record_bytes: options.max_record_bytes,
         };
-        let writer = writer::spawn(file, rx, Arc::clone(&stats), settings)?;
+        let segment = writer::Segment {
+            dir: dir.to_path_buf(),
+            file: opened.file,
+            seq: opened.seq,
+            len: opened.len,
+        };
+        let writer = writer::spawn(segment, rx, Arc::clone(&shared), settings)?;
         let inner = Inner {
             tx: Some(tx),
             budget: Arc::new(Semaphore::new(options.queue_bytes)),
-            stats,
+            shared,
             max_record_bytes: options.max_record_bytes,
-            path,
+            max_submission: options.max_submission(),
             writer: Some(writer),
         };
         Ok((
             Wal {
                 inner: Arc::new(inner),
             },
-            recovered.records,
+            opened.records,
         ))
+    }
+
+    /// An empty submission for this log.
+    pub fn batch(&self) -> Batch {
+        Batch {
+            frames: Vec::new(),
+            records: 0,
+            max_record_bytes: self.inner.max_record_bytes,
+        }
+    }
+
+    /// Waits for room in the queue for `batch`. Refuses (`InvalidInput`) a batch over
+    /// `queue_bytes`. An empty batch is a barrier: it completes once everything submitted
+    /// before it is durable.
+    pub async fn reserve(&self, batch: Batch) -> io::Result<Reserved> {
+        let len = batch.frames.len();
+        if len > self.inner.max_submission {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidInput,
+                format!(
+                    "wal submission of {len} bytes exceeds queue_bytes {}",
+                    self.inner.max_submission
+                ),
+            ));
+        }
+        let tx = self.inner.tx.as_ref().ok_or_else(stopped)?.clone();
+        let budget = Arc::clone(&self.inner.budget)
+            .acquire_many_owned(len as u32)
+            .await
+            .map_err(|_| stopped())?;
+        let permit = tx.reserve_owned().await.map_err(|_| stopped())?;
+        Ok(Reserved {
+            frames: batch.frames,
+            permit,
+            budget,
+        })
+    }
+
+    /// [`Wal::reserve`] then [`Reserved::submit`].
+    pub async fn submit(&self, batch: Batch) -> io::Result<Durable> {
+        Ok(self.reserve(batch).await?.submit())
     }
 
     /// Appends one record; resolves after it is written and synced (with `sync: true`).
     /// Refuses (`InvalidInput`) a payload over `max_record_bytes`; fails with the writer's
     /// error once a write or sync has failed.
     pub async fn append(&self, group: u64, kind: u8, bytes: &[u8]) -> io::Result<()> {
-        let max = self.inner.max_record_bytes;
-        let Some(len) = payload_len(bytes.len()).filter(|&len| len <= max) else {
-            return Err(io::Error::new(
-                io::ErrorKind::InvalidInput,
-                format!(
-                    "wal record of {} payload bytes exceeds max_record_bytes {max}",
-                    bytes.len().saturating_add(PAYLOAD_HEADER)
-                ),
-            ));
-        };
-        let frame_len = len + FRAME_HEADER as u32;
-        let permit = Arc::clone(&self.inner.budget)
-            .acquire_many_owned(frame_len)
-            .await
-            .map_err(|_| stopped())?;
-        let mut frame = Vec::with_capacity(frame_len as usize);
-        encode_into(&mut frame, group, kind, bytes);
-        let (done, result) = oneshot::channel();
-        let request = Request {
-            frame,
-            done,
-            _permit: permit,
-        };
-        let tx = self.inner.tx.as_ref().ok_or_else(stopped)?;
-        tx.send(request).await.map_err(|_| stopped())?;
-        result.await.map_err(|_| stopped())?
+        let mut batch = self.batch();
+        batch.push(group, kind, bytes)?;
+        self.submit(batch).await?.await
     }
 
-    /// `(appends, syncs)` so far: records made durable (written, with `sync: false`) and the
-    /// syncs that covered them. `syncs / appends` is the fsync cost per append.
+    /// Sets where compaction reads the live state from; without one the log never compacts.
+    /// The records it returns must, replayed alone, rebuild the state every record written so
+    /// far built (see the module docs).
+    pub fn set_snapshot_source(&self, source: SnapshotSource) {
+        *self
+            .inner
+            .shared
+            .source
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner) = Some(source);
+    }
+
+    /// `(appends, syncs)` so far: submissions made durable (written, with `sync: false`) and
+    /// the syncs that covered them. `syncs / appends` is the fsync cost per submission.
     pub fn stats(&self) -> (u64, u64) {
-        let stats = &self.inner.stats;
+        let stats = &self.inner.shared.stats;
         (
             stats.appends.load(Ordering::Relaxed),
             stats.syncs.load(Ordering::Relaxed),
         )
     }
 
-    /// The segment file's path.
-    pub fn path(&self) -> &Path {
-        &self.inner.path
+    /// Compactions done since open.
+    pub fn compactions(&self) -> u64 {
+        self.inner.shared.stats.compactions.load(Ordering::Relaxed)
+    }
+
+    /// The current segment file's path.
+    pub fn path(&self) -> PathBuf {
+        self.inner
+            .shared
+            .path
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone()
+    }
+
+    /// For tests: while the guard lives the writer writes and syncs nothing (submissions
+    /// queue up), so a test can check what happens before a submission is durable.
+    #[doc(hidden)]
+    pub fn hold_writer(&self) -> MutexGuard<'_, ()> {
+        self.inner
+            .shared
+            .hold
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
     }
 }
 
 fn stopped() -> io::Error {
     io::Error::new(io::ErrorKind::BrokenPipe, "wal writer stopped")
-}
-
-/// Makes the segment's directory entry durable (a new file is lost on power failure until its
-/// directory is synced). Directories cannot be opened as files on Windows; skip it there.
-fn sync_dir(dir: &Path) -> io::Result<()> {
-    if cfg!(unix) {
-        File::open(dir)?.sync_all()?;
-    }
-    Ok(())
 }

@@ -9,8 +9,8 @@
 //! the file because of a transient EIO would delete acknowledged records.
 //!
 //! Memory: one payload buffer at a time, at most the configured maximum, and only after the
-//! file is known to be long enough to hold it. The returned records are the whole log; bounding
-//! them needs segments and compaction (issue 4).
+//! file is known to be long enough to hold it. The returned records are the whole segment;
+//! compaction (see [`super`]) keeps a segment near the size of the live state.
 
 use std::fs::File;
 use std::io::{self, BufReader, Read, Seek, SeekFrom};
@@ -37,28 +37,61 @@ pub enum Torn {
     BadChecksum,
 }
 
-/// Scans `file` from the start, truncates it after the last intact record (syncing the
-/// truncation), and leaves the cursor at the end.
-pub fn recover(file: &mut File, max_payload: u32) -> io::Result<Recovered> {
+/// What a read-only scan of one segment found; [`cut_tail`] then makes it the file's length.
+#[derive(Debug)]
+pub struct Scanned {
+    /// Every intact record, in log order.
+    pub records: Vec<Record>,
+    /// The length of the intact prefix.
+    pub valid_len: u64,
+    /// The file's length when scanned.
+    pub file_len: u64,
+    /// Why the scan stopped early, if it did.
+    pub torn: Option<Torn>,
+}
+
+/// Reads every intact record of `file` from the start without changing the file (a segment
+/// that recovery may reject must not be cut first).
+pub fn scan_file(file: &File, max_payload: u32) -> io::Result<Scanned> {
     let file_len = file.metadata()?.len();
-    file.seek(SeekFrom::Start(0))?;
-    let (records, valid_len, torn) = scan(&mut BufReader::new(&*file), file_len, max_payload)?;
-    let truncated = file_len.saturating_sub(valid_len);
+    let mut reader = file;
+    reader.seek(SeekFrom::Start(0))?;
+    let (records, valid_len, torn) = scan(&mut BufReader::new(reader), file_len, max_payload)?;
+    Ok(Scanned {
+        records,
+        valid_len,
+        file_len,
+        torn,
+    })
+}
+
+/// Truncates `file` after its intact prefix (syncing the truncation) and leaves the cursor at
+/// the end, where the next append goes. Returns the bytes cut off.
+pub fn cut_tail(file: &mut File, scanned: &Scanned) -> io::Result<u64> {
+    let truncated = scanned.file_len.saturating_sub(scanned.valid_len);
     if truncated > 0 {
         tracing::warn!(
             truncated_bytes = truncated,
-            at = valid_len,
-            reason = ?torn,
-            records = records.len(),
+            at = scanned.valid_len,
+            reason = ?scanned.torn,
+            records = scanned.records.len(),
             "wal: torn or corrupt tail truncated"
         );
-        file.set_len(valid_len)?;
+        file.set_len(scanned.valid_len)?;
         file.sync_all()?;
     }
-    file.seek(SeekFrom::Start(valid_len))?;
+    file.seek(SeekFrom::Start(scanned.valid_len))?;
+    Ok(truncated)
+}
+
+/// Scans `file` from the start, truncates it after the last intact record (syncing the
+/// truncation), and leaves the cursor at the end.
+pub fn recover(file: &mut File, max_payload: u32) -> io::Result<Recovered> {
+    let scanned = scan_file(file, max_payload)?;
+    let truncated = cut_tail(file, &scanned)?;
     Ok(Recovered {
-        records,
-        valid_len,
+        valid_len: scanned.valid_len,
+        records: scanned.records,
         truncated,
     })
 }

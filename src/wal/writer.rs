@@ -1,117 +1,317 @@
-//! The single writer: group commit on a dedicated thread.
+//! The single writer: group commit and compaction on a dedicated thread.
 //!
 //! Blocking file I/O must not run on the async workers, and group commit needs exactly one
-//! place where writes happen, so the log file belongs to one std thread. It sleeps until an
-//! append arrives, then takes every append queued meanwhile (those that arrived while the
-//! previous `fdatasync` ran), writes them with one `write_all` and syncs once, and only then
-//! completes all their futures. N concurrent appenders therefore cost about N / batch syncs.
+//! place where writes happen, so the log file belongs to one std thread. It sleeps until a
+//! submission arrives, then takes every submission queued meanwhile (those that arrived while
+//! the previous `fdatasync` ran), writes them with one `write_all` and syncs once, and only then
+//! completes them all, in queue order. N concurrent appenders therefore cost about N / batch
+//! syncs. Completing in order means a completion also vouches for everything queued before.
 //!
 //! After a failed write or sync the file's state is unknown (a partial write may sit at the
 //! end, and after a failed fsync the kernel may have dropped the dirty pages), so the writer
-//! poisons itself: that batch and every later append fail. Writing on after garbage would put
-//! acknowledged records behind a tail that recovery truncates.
+//! poisons itself: that batch and every later submission fail. Writing on after garbage would
+//! put acknowledged records behind a tail that recovery truncates.
+//!
+//! Compaction runs here too, between batches, so no append can slip between the checkpoint
+//! and the switch to the new segment (see [`super`] for why that matters).
 
 use std::fs::File;
 use std::io::{self, Write};
+use std::path::PathBuf;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex, PoisonError};
 use std::thread::JoinHandle;
 
 use tokio::sync::{mpsc, oneshot, OwnedSemaphorePermit};
 
+use super::segment;
+use super::SnapshotSource;
+
 /// Above this, the batch buffer's capacity is released after each batch.
 const KEEP_BATCH_CAPACITY: usize = 1 << 20;
 
-/// One queued append: its framed bytes, whom to tell, and its share of the byte budget
-/// (released when the request is dropped, after the batch is done).
+/// Whom to tell when a submission is durable (or failed). Dropped untold (the writer is
+/// gone), it tells of the failure.
+pub struct Done(Option<Notify>);
+
+pub enum Notify {
+    /// A future ([`super::Durable`]) waits on the other end.
+    Channel(oneshot::Sender<io::Result<()>>),
+    /// Called on the writer thread; must be quick and must not block.
+    Callback(Box<dyn FnOnce(io::Result<()>) + Send>),
+}
+
+impl Done {
+    pub fn new(notify: Notify) -> Done {
+        Done(Some(notify))
+    }
+
+    fn complete(mut self, result: io::Result<()>) {
+        match self.0.take() {
+            // The submitter may have given up (dropped its future); nothing to tell then.
+            Some(Notify::Channel(tx)) => {
+                let _ = tx.send(result);
+            }
+            Some(Notify::Callback(f)) => f(result),
+            None => {}
+        }
+    }
+}
+
+impl Drop for Done {
+    fn drop(&mut self) {
+        if self.0.is_some() {
+            let done = Done(self.0.take());
+            done.complete(Err(io::Error::new(
+                io::ErrorKind::BrokenPipe,
+                "wal writer stopped",
+            )));
+        }
+    }
+}
+
+/// One queued submission: its framed records (written as one contiguous run), whom to tell,
+/// and its share of the byte budget (released when the request is dropped, after completion).
 pub struct Request {
-    pub frame: Vec<u8>,
-    pub done: oneshot::Sender<io::Result<()>>,
+    pub frames: Vec<u8>,
+    pub done: Done,
     pub _permit: OwnedSemaphorePermit,
 }
 
-/// Counters for tests and benchmarks: records made durable, and syncs that did it.
+/// Counters for tests and benchmarks.
 #[derive(Debug, Default)]
 pub struct Stats {
+    /// Submissions made durable (written, with `sync: false`).
     pub appends: AtomicU64,
+    /// Batch syncs that did it (compaction's own syncs are not counted).
     pub syncs: AtomicU64,
+    /// Checkpoints written and switched to.
+    pub compactions: AtomicU64,
+}
+
+/// State the writer shares with the [`super::Wal`] handles.
+#[derive(Default)]
+pub struct Shared {
+    pub stats: Stats,
+    /// The current segment's path (it changes at each compaction).
+    pub path: Mutex<PathBuf>,
+    /// Where compaction gets the live state from; none means no compaction.
+    pub source: Mutex<Option<SnapshotSource>>,
+    /// Held by the writer while it writes and syncs a batch; a test holding it stalls the
+    /// writer deterministically (see `Wal::hold_writer`).
+    pub hold: Mutex<()>,
 }
 
 /// How the writer behaves.
 pub struct Settings {
     /// Most requests taken into one batch (the queue's capacity).
     pub max_batch: usize,
-    /// `false` skips `fdatasync` — unsafe, for negative controls only.
+    /// `false` skips every sync — unsafe, for negative controls only.
     pub sync: bool,
+    /// Compact once the segment is at least this long (and at least twice its checkpoint).
+    pub compact_bytes: u64,
+    pub max_record_bytes: u32,
+}
+
+/// The segment being appended to.
+pub struct Segment {
+    pub dir: PathBuf,
+    pub file: File,
+    pub seq: u64,
+    pub len: u64,
 }
 
 /// Starts the writer thread. It ends when every sender is gone and the queue is empty.
 pub fn spawn(
-    file: File,
+    segment: Segment,
     rx: mpsc::Receiver<Request>,
-    stats: Arc<Stats>,
+    shared: Arc<Shared>,
     settings: Settings,
 ) -> io::Result<JoinHandle<()>> {
     std::thread::Builder::new()
         .name("quorate-wal".into())
-        .spawn(move || run(file, rx, &stats, &settings))
+        .spawn(move || Writer::new(segment, shared, settings).run(rx))
 }
 
-fn run(mut file: File, mut rx: mpsc::Receiver<Request>, stats: &Stats, settings: &Settings) {
-    let mut waiting: Vec<Request> = Vec::new();
-    let mut batch: Vec<u8> = Vec::new();
-    let mut poisoned: Option<(io::ErrorKind, String)> = None;
-    while let Some(first) = rx.blocking_recv() {
-        waiting.push(first);
-        while waiting.len() < settings.max_batch {
-            match rx.try_recv() {
-                Ok(next) => waiting.push(next),
-                Err(_) => break,
-            }
+type Poison = (io::ErrorKind, String);
+
+struct Writer {
+    segment: Segment,
+    shared: Arc<Shared>,
+    settings: Settings,
+    /// Length of the current segment's checkpoint (0 for a segment not made by compaction).
+    base_len: u64,
+    /// No compaction before the segment reaches this (pushed on after a failed attempt).
+    next_compaction_at: u64,
+    poisoned: Option<Poison>,
+}
+
+impl Writer {
+    fn new(segment: Segment, shared: Arc<Shared>, settings: Settings) -> Writer {
+        let next_compaction_at = settings.compact_bytes;
+        Writer {
+            segment,
+            shared,
+            settings,
+            base_len: 0,
+            next_compaction_at,
+            poisoned: None,
         }
-        let outcome = match &poisoned {
-            Some(reason) => Err(reason.clone()),
-            None => write_batch(&mut file, &mut batch, &waiting, stats, settings.sync)
-                .map_err(|e| (e.kind(), e.to_string())),
-        };
-        if let Err(reason) = &outcome {
-            if poisoned.is_none() {
-                tracing::error!(error = %reason.1, "wal: write failed; the log refuses further appends");
-                poisoned = Some(reason.clone());
+    }
+
+    fn run(mut self, mut rx: mpsc::Receiver<Request>) {
+        let mut waiting: Vec<Request> = Vec::new();
+        let mut batch: Vec<u8> = Vec::new();
+        while let Some(first) = rx.blocking_recv() {
+            waiting.push(first);
+            while waiting.len() < self.settings.max_batch {
+                match rx.try_recv() {
+                    Ok(next) => waiting.push(next),
+                    Err(_) => break,
+                }
             }
-        }
-        for request in waiting.drain(..) {
-            let result = match &outcome {
-                Ok(()) => Ok(()),
-                Err((kind, msg)) => Err(io::Error::new(*kind, format!("wal poisoned: {msg}"))),
+            let outcome = match &self.poisoned {
+                Some(reason) => Err(reason.clone()),
+                None => self
+                    .write_batch(&mut batch, &waiting)
+                    .map_err(|e| (e.kind(), e.to_string())),
             };
-            // The appender may have given up (dropped its future); nothing to tell then.
-            let _ = request.done.send(result);
-        }
-        if batch.capacity() > KEEP_BATCH_CAPACITY {
-            batch = Vec::new();
+            if let Err(reason) = &outcome {
+                self.poison(reason.clone());
+            }
+            for request in waiting.drain(..) {
+                let result = match &outcome {
+                    Ok(()) => Ok(()),
+                    Err((kind, msg)) => Err(io::Error::new(*kind, format!("wal poisoned: {msg}"))),
+                };
+                request.done.complete(result);
+            }
+            if batch.capacity() > KEEP_BATCH_CAPACITY {
+                batch = Vec::new();
+            }
+            if self.poisoned.is_none() && self.compaction_due() {
+                self.compact();
+            }
         }
     }
-}
 
-fn write_batch(
-    file: &mut File,
-    batch: &mut Vec<u8>,
-    waiting: &[Request],
-    stats: &Stats,
-    sync: bool,
-) -> io::Result<()> {
-    batch.clear();
-    for request in waiting {
-        batch.extend_from_slice(&request.frame);
+    fn poison(&mut self, reason: Poison) {
+        if self.poisoned.is_none() {
+            tracing::error!(error = %reason.1, "wal: write failed; the log refuses further appends");
+            self.poisoned = Some(reason);
+        }
     }
-    file.write_all(batch)?;
-    if sync {
-        file.sync_data()?;
-        stats.syncs.fetch_add(1, Ordering::Relaxed);
+
+    fn write_batch(&mut self, batch: &mut Vec<u8>, waiting: &[Request]) -> io::Result<()> {
+        batch.clear();
+        for request in waiting {
+            batch.extend_from_slice(&request.frames);
+        }
+        let _hold = self
+            .shared
+            .hold
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        // Counted before the write: a failed write leaves `len` past the real end, which only
+        // matters for compaction, and the log is poisoned then anyway.
+        self.segment.len += batch.len() as u64;
+        self.segment.file.write_all(batch)?;
+        let stats = &self.shared.stats;
+        if self.settings.sync {
+            self.segment.file.sync_data()?;
+            stats.syncs.fetch_add(1, Ordering::Relaxed);
+        }
+        stats
+            .appends
+            .fetch_add(waiting.len() as u64, Ordering::Relaxed);
+        Ok(())
     }
-    stats
-        .appends
-        .fetch_add(waiting.len() as u64, Ordering::Relaxed);
-    Ok(())
+
+    fn compaction_due(&self) -> bool {
+        let len = self.segment.len;
+        len >= self.next_compaction_at && len >= self.base_len.saturating_mul(2)
+    }
+
+    /// Writes the live state into the next segment and switches to it. A failure before the
+    /// switch leaves the log in the old segment (tried again after another `compact_bytes`);
+    /// a failure that leaves it unknown which segment recovery would choose poisons the log.
+    fn compact(&mut self) {
+        let source = self
+            .shared
+            .source
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone();
+        let Some(source) = source else {
+            return;
+        };
+        self.next_compaction_at = self.segment.len.saturating_add(self.settings.compact_bytes);
+        let records = match source() {
+            Ok(records) => records,
+            Err(e) => {
+                tracing::error!(error = %e, "wal: the live state could not be read; compaction skipped");
+                return;
+            }
+        };
+        let dir = self.segment.dir.clone();
+        let seq = self.segment.seq + 1;
+        let written = segment::write_checkpoint(
+            &dir,
+            seq,
+            &records,
+            self.settings.max_record_bytes,
+            self.settings.sync,
+        );
+        let (file, path, len) = match written {
+            Ok(done) => done,
+            Err(e) => {
+                tracing::error!(error = %e, "wal: compaction failed; staying in the old segment");
+                let partial = dir.join(segment::segment_name(seq));
+                if let Err(e) = segment::remove_partial(&dir, &partial) {
+                    // The partial segment might outlive a crash and be preferred: stop here.
+                    self.poison((e.kind(), format!("removing a failed checkpoint: {e}")));
+                }
+                return;
+            }
+        };
+        let old = std::mem::replace(
+            &mut self.segment,
+            Segment {
+                dir: dir.clone(),
+                file,
+                seq,
+                len,
+            },
+        );
+        *self
+            .shared
+            .path
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner) = path;
+        self.base_len = len;
+        self.next_compaction_at = self.settings.compact_bytes;
+        self.shared
+            .stats
+            .compactions
+            .fetch_add(1, Ordering::Relaxed);
+        let old_path = dir.join(segment::segment_name(old.seq));
+        drop(old.file);
+        // Recovery removes a superseded segment too, so a failure here costs only disk space.
+        let removed = std::fs::remove_file(&old_path).and_then(|()| {
+            if self.settings.sync {
+                segment::sync_dir(&dir)
+            } else {
+                Ok(())
+            }
+        });
+        if let Err(e) = removed {
+            tracing::warn!(error = %e, segment = %old_path.display(), "wal: could not remove the old segment");
+        }
+        tracing::info!(
+            segment = seq,
+            checkpoint_bytes = len,
+            records = records.len(),
+            "wal: compacted"
+        );
+    }
 }

@@ -1,0 +1,603 @@
+//! Durable Raft log storage for every shard group on a node, in one shared write-ahead log.
+//!
+//! [`NodeLog::open`] opens the node's [`Wal`], replays it into per-group in-memory state
+//! (vote, committed id, purge point, entries by index) and hands out a [`GroupLog`] per group:
+//! openraft's storage-v2 [`RaftLogStorage`] and [`RaftLogReader`] for that group. Reads are
+//! served from memory; every change is one WAL submission tagged with the group id, so one
+//! fsync covers whatever all groups appended meanwhile (group commit).
+//!
+//! # Records
+//! Each record's bytes are bincode 2 (serde, standard configuration):
+//!
+//! | kind | bytes | replay |
+//! |------|-------|--------|
+//! | [`kind::VOTE`] | `Vote<u64>` | set the vote |
+//! | [`kind::ENTRIES`] | one or more `Entry`, back to back | put each at its index |
+//! | [`kind::TRUNCATE`] | `u64` index | delete entries at and after it |
+//! | [`kind::PURGE`] | `LogId<u64>` | raise the purge point, delete entries up to it |
+//! | [`kind::COMMITTED`] | `Option<LogId<u64>>` | set the committed id |
+//!
+//! One append is one submission; if its entries exceed one record they are split over several
+//! (each a run of whole entries, in order). A record that does not decode fails
+//! [`NodeLog::open`] with `InvalidData`: the checksum passed, so it is a bug or a foreign file,
+//! not a torn write, and guessing would be worse than stopping.
+//!
+//! # The contract, and why it holds
+//! Every change takes its room in the WAL queue first (the only wait), then, under the group's
+//! lock, updates memory and enqueues its submission. So memory and the WAL see each group's
+//! changes in the same order, and reads see a change as soon as the call that made it returns.
+//! - `save_vote` returns only after its record is durable.
+//! - `append` returns once the entries are in memory and queued; its callback is called by the
+//!   WAL writer only after the sync that made them durable.
+//! - `truncate`, `purge` and `save_committed` do not wait. The WAL is one ordered stream and
+//!   what survives a crash is a prefix of it, so a truncation is durable no later than the
+//!   first append after it (that append's callback is what openraft waits for): a crash either
+//!   keeps both or loses the append too, and the log never shows new entries on top of ones
+//!   that were meant to be deleted. A lost purge only brings back entries the state machine
+//!   already covers; a lost committed id only means less is re-applied at restart. Neither can
+//!   outlive the entries it refers to, which are earlier in the stream.
+//! - A crash inside one append's submission keeps a prefix of its entries: a shorter log with
+//!   no hole, which is a state Raft already handles (the callback was never called).
+//!
+//! Compaction: the WAL asks [`NodeLog`] for every group's live state as records (vote, purge
+//! point, committed, entries) and writes them as a checkpoint. Replaying a group's records is
+//! idempotent on the state they produced, which is what lets the checkpoint run slightly ahead
+//! of the writer (see `crate::wal`).
+//!
+//! Memory: every group's unpurged entries stay in memory; openraft purges them after snapshots.
+
+use std::collections::BTreeMap;
+use std::io;
+use std::ops::{Bound, RangeBounds};
+use std::path::Path;
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+
+use openraft::storage::{LogFlushed, LogState, RaftLogReader, RaftLogStorage};
+use openraft::{ErrorSubject, ErrorVerb, LogId, OptionalSend, StorageError, Vote};
+use serde::de::DeserializeOwned;
+use serde::Serialize;
+
+use super::types::{GroupId, NodeId, TypeConfig};
+use crate::wal::{Batch, Durable, Record, Wal, WalOptions};
+
+/// A Raft log entry of a shard group.
+pub type Entry = openraft::Entry<TypeConfig>;
+
+type StorageResult<T> = Result<T, StorageError<NodeId>>;
+
+/// The WAL record kinds this store writes.
+pub mod kind {
+    pub const VOTE: u8 = 1;
+    pub const ENTRIES: u8 = 2;
+    pub const TRUNCATE: u8 = 3;
+    pub const PURGE: u8 = 4;
+    pub const COMMITTED: u8 = 5;
+}
+
+/// Encoding: bincode 2's standard configuration.
+fn encode<T: Serialize>(value: &T) -> io::Result<Vec<u8>> {
+    bincode::serde::encode_to_vec(value, bincode::config::standard())
+        .map_err(|e| io::Error::new(io::ErrorKind::InvalidInput, e))
+}
+
+/// Decodes one value from the front of `bytes`; returns it and the bytes it used. The limit
+/// (no record is larger) keeps a corrupt length from asking for an absurd allocation.
+fn decode_prefix<T: DeserializeOwned>(bytes: &[u8]) -> Result<(T, usize), String> {
+    let config = bincode::config::standard().with_limit::<{ u32::MAX as usize }>();
+    bincode::serde::decode_from_slice(bytes, config).map_err(|e| e.to_string())
+}
+
+/// Decodes exactly one value filling `bytes`.
+fn decode_all<T: DeserializeOwned>(bytes: &[u8]) -> Result<T, String> {
+    let (value, used) = decode_prefix(bytes)?;
+    if used != bytes.len() {
+        return Err(format!("{} trailing bytes", bytes.len() - used));
+    }
+    Ok(value)
+}
+
+/// One group's log as replayed from the WAL and kept up to date in memory.
+#[derive(Debug, Default)]
+struct GroupState {
+    vote: Option<Vote<NodeId>>,
+    committed: Option<LogId<NodeId>>,
+    last_purged: Option<LogId<NodeId>>,
+    entries: BTreeMap<u64, Entry>,
+}
+
+impl GroupState {
+    fn put(&mut self, entry: Entry) {
+        self.entries.insert(entry.log_id.index, entry);
+    }
+
+    fn truncate(&mut self, since: u64) {
+        self.entries.split_off(&since);
+    }
+
+    fn purge(&mut self, upto: LogId<NodeId>) {
+        if self
+            .last_purged
+            .is_none_or(|purged| purged.index < upto.index)
+        {
+            self.last_purged = Some(upto);
+        }
+        match upto.index.checked_add(1) {
+            Some(keep_from) => self.entries = self.entries.split_off(&keep_from),
+            None => self.entries.clear(),
+        }
+    }
+
+    /// Applies one record read back from the WAL.
+    fn replay(&mut self, kind: u8, bytes: &[u8]) -> Result<(), String> {
+        match kind {
+            kind::VOTE => self.vote = Some(decode_all(bytes)?),
+            kind::ENTRIES => {
+                let mut rest = bytes;
+                while !rest.is_empty() {
+                    let (entry, used): (Entry, usize) = decode_prefix(rest)?;
+                    if used == 0 {
+                        return Err("an entry of zero bytes".into());
+                    }
+                    self.put(entry);
+                    rest = &rest[used..];
+                }
+            }
+            kind::TRUNCATE => self.truncate(decode_all(bytes)?),
+            kind::PURGE => self.purge(decode_all(bytes)?),
+            kind::COMMITTED => self.committed = decode_all(bytes)?,
+            other => return Err(format!("unknown record kind {other}")),
+        }
+        Ok(())
+    }
+
+    /// The records that rebuild this state from nothing (none for an empty state).
+    fn checkpoint(
+        &self,
+        group: GroupId,
+        max_record: usize,
+        out: &mut Vec<Record>,
+    ) -> io::Result<()> {
+        let record = |kind, bytes| Record { group, kind, bytes };
+        if let Some(vote) = &self.vote {
+            out.push(record(kind::VOTE, encode(vote)?));
+        }
+        if let Some(purged) = &self.last_purged {
+            out.push(record(kind::PURGE, encode(purged)?));
+        }
+        if self.committed.is_some() {
+            out.push(record(kind::COMMITTED, encode(&self.committed)?));
+        }
+        let encoded = self.entries.values().map(encode);
+        for bytes in entry_records(encoded, max_record)? {
+            out.push(record(kind::ENTRIES, bytes));
+        }
+        Ok(())
+    }
+}
+
+/// Packs encoded entries into record bodies of at most `max_record` bytes each, in order.
+fn entry_records(
+    encoded: impl Iterator<Item = io::Result<Vec<u8>>>,
+    max_record: usize,
+) -> io::Result<Vec<Vec<u8>>> {
+    let mut records = Vec::new();
+    let mut current: Vec<u8> = Vec::new();
+    for entry in encoded {
+        let entry = entry?;
+        if entry.len() > max_record {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidInput,
+                format!(
+                    "a log entry of {} bytes exceeds the WAL's record limit of {max_record}",
+                    entry.len()
+                ),
+            ));
+        }
+        if !current.is_empty() && current.len() + entry.len() > max_record {
+            records.push(std::mem::take(&mut current));
+        }
+        current.extend_from_slice(&entry);
+    }
+    if !current.is_empty() {
+        records.push(current);
+    }
+    Ok(records)
+}
+
+type Shared = Arc<Mutex<GroupState>>;
+type Groups = Mutex<BTreeMap<GroupId, Shared>>;
+
+fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
+    // No code panics while holding these locks; if some did, the state is still consistent
+    // (each change is applied whole before the guard drops), so carry on rather than cascade.
+    mutex.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+/// Every Raft group's log on this node, in one WAL.
+pub struct NodeLog {
+    wal: Wal,
+    groups: Arc<Groups>,
+    ack_before_durable: bool,
+}
+
+impl NodeLog {
+    /// Opens (or creates) the WAL in `dir` and replays it. Returns the log and the ids of the
+    /// groups that have any state on disk.
+    ///
+    /// Blocking: it reads the whole log. From async code, call it in `spawn_blocking`.
+    pub fn open(dir: impl AsRef<Path>, options: WalOptions) -> io::Result<(NodeLog, Vec<GroupId>)> {
+        let (wal, records) = Wal::open_with(dir, options)?;
+        let mut states: BTreeMap<GroupId, GroupState> = BTreeMap::new();
+        for (at, record) in records.iter().enumerate() {
+            states
+                .entry(record.group)
+                .or_default()
+                .replay(record.kind, &record.bytes)
+                .map_err(|e| {
+                    io::Error::new(
+                        io::ErrorKind::InvalidData,
+                        format!(
+                            "wal record {at} (group {}, kind {}) does not decode: {e}",
+                            record.group, record.kind
+                        ),
+                    )
+                })?;
+        }
+        drop(records);
+        let ids = states.keys().copied().collect();
+        let groups: Arc<Groups> = Arc::new(Mutex::new(
+            states
+                .into_iter()
+                .map(|(id, state)| (id, Arc::new(Mutex::new(state))))
+                .collect(),
+        ));
+        let max_record = wal.batch().max_record_bytes();
+        let source = Arc::clone(&groups);
+        wal.set_snapshot_source(Arc::new(move || checkpoint(&source, max_record)));
+        Ok((
+            NodeLog {
+                wal,
+                groups,
+                ack_before_durable: false,
+            },
+            ids,
+        ))
+    }
+
+    /// The storage for `group` (created empty if the group has none yet). Handles for the
+    /// same group share its state.
+    pub fn group(&self, group: GroupId) -> GroupLog {
+        let state = Arc::clone(lock(&self.groups).entry(group).or_default());
+        GroupLog {
+            group,
+            wal: self.wal.clone(),
+            state,
+            ack_before_durable: self.ack_before_durable,
+        }
+    }
+
+    /// The groups with state (on disk or handed out since open).
+    pub fn groups(&self) -> Vec<GroupId> {
+        lock(&self.groups).keys().copied().collect()
+    }
+
+    /// `(appends, syncs)` of the shared WAL: submissions made durable and the fsyncs that
+    /// did it; `syncs / appends` is the fsync cost per submission.
+    pub fn stats(&self) -> (u64, u64) {
+        self.wal.stats()
+    }
+
+    /// The shared WAL (for its compaction count and test hooks).
+    pub fn wal(&self) -> &Wal {
+        &self.wal
+    }
+
+    /// UNSAFE, for negative controls only: group logs handed out afterwards call `append`'s
+    /// callback as soon as the entries are queued, before they are durable.
+    #[doc(hidden)]
+    pub fn set_unsafe_ack_before_durable(&mut self, on: bool) {
+        self.ack_before_durable = on;
+    }
+}
+
+/// Every group's live state as records, for the WAL's compaction.
+fn checkpoint(groups: &Groups, max_record: usize) -> io::Result<Vec<Record>> {
+    let groups: Vec<(GroupId, Shared)> = lock(groups)
+        .iter()
+        .map(|(&id, state)| (id, Arc::clone(state)))
+        .collect();
+    let mut out = Vec::new();
+    for (id, state) in groups {
+        lock(&state).checkpoint(id, max_record, &mut out)?;
+    }
+    Ok(out)
+}
+
+/// One group's Raft log storage (and, cloned, its reader).
+#[derive(Clone)]
+pub struct GroupLog {
+    group: GroupId,
+    wal: Wal,
+    state: Shared,
+    ack_before_durable: bool,
+}
+
+fn storage_error(
+    subject: ErrorSubject<NodeId>,
+    verb: ErrorVerb,
+    e: io::Error,
+) -> StorageError<NodeId> {
+    StorageError::from_io_error(subject, verb, e)
+}
+
+impl GroupLog {
+    /// This log's group id.
+    pub fn group_id(&self) -> GroupId {
+        self.group
+    }
+
+    /// A batch holding one record of `kind` with `value` encoded.
+    fn one_record<T: Serialize>(&self, kind: u8, value: &T) -> io::Result<Batch> {
+        let mut batch = self.wal.batch();
+        batch.push(self.group, kind, &encode(value)?)?;
+        Ok(batch)
+    }
+
+    /// Waits for room in the WAL queue, then, under the group's lock, applies `update` to
+    /// memory and enqueues `batch` (so memory and the WAL agree on the order of changes).
+    async fn write(
+        &self,
+        batch: Batch,
+        update: impl FnOnce(&mut GroupState),
+    ) -> io::Result<Durable> {
+        let reserved = self.wal.reserve(batch).await?;
+        let mut state = lock(&self.state);
+        update(&mut state);
+        Ok(reserved.submit())
+    }
+
+    fn entries_batch(&self, entries: &[Entry]) -> io::Result<Batch> {
+        let mut batch = self.wal.batch();
+        let records = entry_records(entries.iter().map(encode), batch.max_record_bytes())?;
+        for bytes in records {
+            batch.push(self.group, kind::ENTRIES, &bytes)?;
+        }
+        Ok(batch)
+    }
+}
+
+/// `range` as `start..end` (end `None` for unbounded); `None` if it is empty.
+fn index_range(range: &impl RangeBounds<u64>) -> Option<(u64, Option<u64>)> {
+    let start = match range.start_bound() {
+        Bound::Included(&s) => s,
+        Bound::Excluded(&s) => s.checked_add(1)?,
+        Bound::Unbounded => 0,
+    };
+    let end = match range.end_bound() {
+        Bound::Included(&e) => e.checked_add(1),
+        Bound::Excluded(&e) => Some(e),
+        Bound::Unbounded => None,
+    };
+    match end {
+        Some(end) if end <= start => None,
+        _ => Some((start, end)),
+    }
+}
+
+impl RaftLogReader<TypeConfig> for GroupLog {
+    async fn try_get_log_entries<RB: RangeBounds<u64> + Clone + std::fmt::Debug + OptionalSend>(
+        &mut self,
+        range: RB,
+    ) -> StorageResult<Vec<Entry>> {
+        let Some((start, end)) = index_range(&range) else {
+            return Ok(Vec::new());
+        };
+        let state = lock(&self.state);
+        let found = match end {
+            Some(end) => state.entries.range(start..end),
+            None => state.entries.range(start..),
+        };
+        Ok(found.map(|(_, entry)| entry.clone()).collect())
+    }
+}
+
+impl RaftLogStorage<TypeConfig> for GroupLog {
+    type LogReader = GroupLog;
+
+    async fn get_log_state(&mut self) -> StorageResult<LogState<TypeConfig>> {
+        let state = lock(&self.state);
+        let last_purged_log_id = state.last_purged;
+        let last_log_id = state
+            .entries
+            .last_key_value()
+            .map(|(_, entry)| entry.log_id)
+            .or(last_purged_log_id);
+        Ok(LogState {
+            last_purged_log_id,
+            last_log_id,
+        })
+    }
+
+    async fn get_log_reader(&mut self) -> Self::LogReader {
+        self.clone()
+    }
+
+    async fn save_vote(&mut self, vote: &Vote<NodeId>) -> StorageResult<()> {
+        let fail = |e| storage_error(ErrorSubject::Vote, ErrorVerb::Write, e);
+        let batch = self.one_record(kind::VOTE, vote).map_err(fail)?;
+        let vote = *vote;
+        let durable = self
+            .write(batch, |s| s.vote = Some(vote))
+            .await
+            .map_err(fail)?;
+        durable.await.map_err(fail)
+    }
+
+    async fn read_vote(&mut self) -> StorageResult<Option<Vote<NodeId>>> {
+        Ok(lock(&self.state).vote)
+    }
+
+    async fn save_committed(&mut self, committed: Option<LogId<NodeId>>) -> StorageResult<()> {
+        let fail = |e| storage_error(ErrorSubject::Store, ErrorVerb::Write, e);
+        let batch = self.one_record(kind::COMMITTED, &committed).map_err(fail)?;
+        // Not awaited: see the module docs.
+        let _lazy = self
+            .write(batch, |s| s.committed = committed)
+            .await
+            .map_err(fail)?;
+        Ok(())
+    }
+
+    async fn read_committed(&mut self) -> StorageResult<Option<LogId<NodeId>>> {
+        Ok(lock(&self.state).committed)
+    }
+
+    async fn append<I>(&mut self, entries: I, callback: LogFlushed<TypeConfig>) -> StorageResult<()>
+    where
+        I: IntoIterator<Item = Entry> + OptionalSend,
+        I::IntoIter: OptionalSend,
+    {
+        let fail = |e| storage_error(ErrorSubject::Logs, ErrorVerb::Write, e);
+        let entries: Vec<Entry> = entries.into_iter().collect();
+        let batch = self.entries_batch(&entries).map_err(fail)?;
+        let reserved = self.wal.reserve(batch).await.map_err(fail)?;
+        let mut state = lock(&self.state);
+        for entry in entries {
+            state.put(entry);
+        }
+        if self.ack_before_durable {
+            // The broken store of the negative control: acknowledges before the sync.
+            drop(reserved.submit());
+            callback.log_io_completed(Ok(()));
+        } else {
+            reserved.submit_then(move |result| callback.log_io_completed(result));
+        }
+        Ok(())
+    }
+
+    async fn truncate(&mut self, log_id: LogId<NodeId>) -> StorageResult<()> {
+        let fail = |e| storage_error(ErrorSubject::Logs, ErrorVerb::Delete, e);
+        let since = log_id.index;
+        let batch = self.one_record(kind::TRUNCATE, &since).map_err(fail)?;
+        // Not awaited: ordered before every later append in the one stream (module docs).
+        let _ordered = self
+            .write(batch, |s| s.truncate(since))
+            .await
+            .map_err(fail)?;
+        Ok(())
+    }
+
+    async fn purge(&mut self, log_id: LogId<NodeId>) -> StorageResult<()> {
+        let fail = |e| storage_error(ErrorSubject::Logs, ErrorVerb::Delete, e);
+        let batch = self.one_record(kind::PURGE, &log_id).map_err(fail)?;
+        // Not awaited: a lost purge is harmless (module docs).
+        let _lazy = self.write(batch, |s| s.purge(log_id)).await.map_err(fail)?;
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use openraft::testing::log_id;
+
+    fn blank(index: u64) -> Entry {
+        Entry {
+            log_id: log_id(1, 1, index),
+            payload: openraft::EntryPayload::Blank,
+        }
+    }
+
+    #[test]
+    fn entries_pack_into_records_under_the_limit_in_order() {
+        let encoded: Vec<Vec<u8>> = vec![vec![1; 4], vec![2; 4], vec![3; 7], vec![4; 1]];
+        let records = entry_records(encoded.clone().into_iter().map(Ok), 8).unwrap();
+        assert_eq!(
+            records,
+            vec![[[1; 4], [2; 4]].concat(), [vec![3; 7], vec![4]].concat()]
+        );
+        let err = entry_records(encoded.into_iter().map(Ok), 6).unwrap_err();
+        assert_eq!(err.kind(), io::ErrorKind::InvalidInput);
+    }
+
+    #[test]
+    fn a_checkpoint_replays_to_the_same_state() {
+        let mut state = GroupState::default();
+        for i in 1..=6 {
+            state.put(blank(i));
+        }
+        state.purge(log_id(1, 1, 2));
+        state.truncate(6);
+        state.vote = Some(Vote::new(3, 2));
+        state.committed = Some(log_id(1, 1, 4));
+        let mut records = Vec::new();
+        let one_entry = encode(&blank(3)).unwrap().len();
+        state.checkpoint(7, one_entry, &mut records).unwrap();
+        assert_eq!(
+            records.iter().filter(|r| r.kind == kind::ENTRIES).count(),
+            3
+        );
+        let mut replayed = GroupState::default();
+        for r in &records {
+            assert_eq!(r.group, 7);
+            replayed.replay(r.kind, &r.bytes).unwrap();
+        }
+        assert_eq!(format!("{replayed:?}"), format!("{state:?}"));
+    }
+
+    #[test]
+    fn replaying_records_again_on_their_result_changes_nothing() {
+        // What lets a checkpoint run ahead of the writer (crate::wal module docs).
+        let records = [
+            (
+                kind::ENTRIES,
+                [encode(&blank(1)).unwrap(), encode(&blank(2)).unwrap()].concat(),
+            ),
+            (kind::TRUNCATE, encode(&2u64).unwrap()),
+            (kind::ENTRIES, encode(&blank(2)).unwrap()),
+            (kind::PURGE, encode(&log_id::<NodeId>(1, 1, 1)).unwrap()),
+            (kind::VOTE, encode(&Vote::<NodeId>::new(2, 1)).unwrap()),
+            (
+                kind::COMMITTED,
+                encode(&Some(log_id::<NodeId>(1, 1, 2))).unwrap(),
+            ),
+        ];
+        for from in 0..records.len() {
+            let mut state = GroupState::default();
+            for (kind, bytes) in &records {
+                state.replay(*kind, bytes).unwrap();
+            }
+            let once = format!("{state:?}");
+            for (kind, bytes) in &records[from..] {
+                state.replay(*kind, bytes).unwrap();
+            }
+            assert_eq!(format!("{state:?}"), once, "replaying from record {from}");
+        }
+    }
+
+    #[test]
+    fn undecodable_records_are_errors_not_panics() {
+        let mut state = GroupState::default();
+        assert!(state.replay(kind::VOTE, &[0xFF; 3]).is_err());
+        assert!(state.replay(kind::ENTRIES, &[0x80]).is_err());
+        assert!(state.replay(kind::TRUNCATE, &[]).is_err());
+        assert!(state.replay(kind::PURGE, &[1, 2]).is_err());
+        assert!(state.replay(kind::COMMITTED, &[7]).is_err());
+        assert!(state.replay(99, &[]).is_err());
+        let mut vote = encode(&Vote::<NodeId>::new(1, 1)).unwrap();
+        vote.push(0);
+        assert!(state.replay(kind::VOTE, &vote).is_err(), "trailing bytes");
+    }
+
+    #[test]
+    fn empty_and_reversed_ranges_read_nothing() {
+        assert_eq!(index_range(&(3..3)), None);
+        let reversed = (Bound::Included(5), Bound::Excluded(3));
+        assert_eq!(index_range(&reversed), None);
+        let reversed = (Bound::Included(3), Bound::Included(2));
+        assert_eq!(index_range(&reversed), None);
+        assert_eq!(index_range(&(3..=3)), Some((3, Some(4))));
+        assert_eq!(index_range(&(..)), Some((0, None)));
+        assert_eq!(index_range(&(u64::MAX..=u64::MAX)), Some((u64::MAX, None)));
+    }
+}
