@@ -14,8 +14,10 @@
 //! - `config.rs` — a node's addresses and the bounds on every input and queue.
 //! - `metrics.rs` — the Prometheus metrics.
 //! - `service/` — the node's application API: validate, route to shards, all-or-nothing.
-//! - `wal/` — the shared write-ahead log with group commit (checksummed records, torn-tail
-//!   truncation); standalone until the cluster (issue 4) stores Raft entries in it.
+//! - `wal/` — the shared write-ahead log: group commit, ordered submissions completed after
+//!   the sync, checksummed records, torn-tail truncation, segments with checkpoint compaction.
+//! - `raft/` — the shard groups' Raft types and their durable log storage over the WAL
+//!   (`NodeLog`, one `GroupLog` per group).
 //! - `main.rs` — the thin CLI.
 
 pub mod api;
