@@ -1,6 +1,7 @@
 //! A node's configuration: addresses, bounds on every queue and input, and intervals.
 //! Every bound here exists so that hostile or accidental input cannot exhaust the node.
 
+use std::collections::BTreeMap;
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::time::Duration;
@@ -40,6 +41,59 @@ pub struct NodeConfig {
     pub decision_log_sample: f64,
     /// How long a check may wait for its shard before the node answers unavailable.
     pub shard_timeout: Duration,
+    /// Cluster membership; `None` runs a single node that keeps state in memory.
+    pub cluster: Option<ClusterSettings>,
+}
+
+/// How this node takes part in a cluster.
+#[derive(Debug, Clone)]
+pub struct ClusterSettings {
+    pub node_id: u64,
+    /// Every member's id and peer address, this node included.
+    pub members: BTreeMap<u64, String>,
+    /// Where this node accepts peer connections.
+    pub peer_addr: SocketAddr,
+    /// The shared secret peers prove in the handshake.
+    pub secret: String,
+    /// `false` is UNSAFE (acknowledged decisions can be lost on a crash): the negative
+    /// control of the durability tests.
+    pub wal_sync: bool,
+    pub heartbeat: Duration,
+    pub election_timeout: Duration,
+    /// Longest wait for a shard's leader before `on_unavailable` answers.
+    pub unavailable_after: Duration,
+    /// Longest wait for an entry to commit (or a forwarded batch to be answered).
+    pub write_timeout: Duration,
+    /// Most commands per log entry.
+    pub batch_max: usize,
+}
+
+/// Reads a duration setting: (name, value, default) -> the duration or what to fix.
+type DurationParser = dyn Fn(&str, &Option<String>, Duration) -> Result<Duration, String>;
+
+/// Parses `1=host:port,2=host:port,...`.
+pub fn parse_peers(text: &str) -> Result<BTreeMap<u64, String>, String> {
+    let mut members = BTreeMap::new();
+    for part in text.split(',').map(str::trim).filter(|p| !p.is_empty()) {
+        let (id, addr) = part.split_once('=').ok_or_else(|| {
+            format!("`peers`: \"{part}\" is not ID=HOST:PORT; write e.g. \"1=10.0.0.1:7100,2=10.0.0.2:7100\"")
+        })?;
+        let id: u64 = id
+            .trim()
+            .parse()
+            .ok()
+            .filter(|&i| i > 0)
+            .ok_or_else(|| format!("`peers`: node id \"{id}\" must be a positive integer"))?;
+        if !addr.contains(':') {
+            return Err(format!(
+                "`peers`: address \"{addr}\" of node {id} needs a port"
+            ));
+        }
+        if members.insert(id, addr.trim().to_string()).is_some() {
+            return Err(format!("`peers`: node id {id} appears twice"));
+        }
+    }
+    Ok(members)
 }
 
 impl Default for NodeConfig {
@@ -61,6 +115,7 @@ impl Default for NodeConfig {
             eviction_interval: Duration::from_secs(1),
             decision_log_sample: 0.0,
             shard_timeout: Duration::from_millis(500),
+            cluster: None,
         }
     }
 }
@@ -120,6 +175,40 @@ pub struct NodeOptions {
     /// Fraction of decisions logged, 0.0 to 1.0 [default: 0].
     #[arg(long, env = "QUORATE_LOG_SAMPLE")]
     pub log_sample: Option<f64>,
+    /// This node's id in the cluster (a member of --peers). Without --peers the node runs
+    /// alone, in memory.
+    #[arg(long, env = "QUORATE_ID")]
+    pub id: Option<u64>,
+    /// Every member's id and peer address, e.g. "1=10.0.0.1:7100,2=10.0.0.2:7100,3=10.0.0.3:7100".
+    #[arg(long, env = "QUORATE_PEERS")]
+    pub peers: Option<String>,
+    /// Where this node listens for peers [default: its own address in --peers].
+    #[arg(long, env = "QUORATE_PEER_ADDR")]
+    pub peer_addr: Option<SocketAddr>,
+    /// The cluster secret peers prove to each other (at least 16 characters; the same on
+    /// every member). Prefer the environment variable to the flag.
+    #[arg(long, env = "QUORATE_CLUSTER_SECRET", hide_env_values = true)]
+    pub cluster_secret: Option<String>,
+    /// Raft heartbeat interval [default: 100ms].
+    #[arg(long, env = "QUORATE_HEARTBEAT")]
+    pub heartbeat: Option<String>,
+    /// Raft election timeout (randomised between it and twice it) [default: 400ms].
+    #[arg(long, env = "QUORATE_ELECTION_TIMEOUT")]
+    pub election_timeout: Option<String>,
+    /// Longest wait for a shard's leader before the policy's on_unavailable answers
+    /// [default: 500ms].
+    #[arg(long, env = "QUORATE_UNAVAILABLE_AFTER")]
+    pub unavailable_after: Option<String>,
+    /// Longest wait for a decision to commit on a majority [default: 2s].
+    #[arg(long, env = "QUORATE_WRITE_TIMEOUT")]
+    pub write_timeout: Option<String>,
+    /// Most decisions in one Raft log entry [default: 4096].
+    #[arg(long, env = "QUORATE_BATCH_MAX")]
+    pub batch_max: Option<usize>,
+    /// TEST ONLY, UNSAFE: skip fsync of the write-ahead log (acknowledged decisions can be
+    /// lost on a crash). The durability tests' negative control.
+    #[arg(long, env = "QUORATE_UNSAFE_NO_FSYNC", hide = true)]
+    pub unsafe_no_fsync: Option<bool>,
 }
 
 impl NodeOptions {
@@ -149,7 +238,78 @@ impl NodeOptions {
             eviction_interval: self.eviction_interval.or(fallback.eviction_interval),
             shard_timeout: self.shard_timeout.or(fallback.shard_timeout),
             log_sample: self.log_sample.or(fallback.log_sample),
+            id: self.id.or(fallback.id),
+            peers: self.peers.or(fallback.peers),
+            peer_addr: self.peer_addr.or(fallback.peer_addr),
+            cluster_secret: self.cluster_secret.or(fallback.cluster_secret),
+            heartbeat: self.heartbeat.or(fallback.heartbeat),
+            election_timeout: self.election_timeout.or(fallback.election_timeout),
+            unavailable_after: self.unavailable_after.or(fallback.unavailable_after),
+            write_timeout: self.write_timeout.or(fallback.write_timeout),
+            batch_max: self.batch_max.or(fallback.batch_max),
+            unsafe_no_fsync: self.unsafe_no_fsync.or(fallback.unsafe_no_fsync),
         }
+    }
+
+    fn cluster_settings(
+        &self,
+        duration: &DurationParser,
+    ) -> Result<Option<ClusterSettings>, String> {
+        let Some(peers) = &self.peers else {
+            if self.id.is_some() || self.peer_addr.is_some() {
+                return Err("`id` and `peer_addr` need `peers` (--peers 1=HOST:PORT,...)".into());
+            }
+            return Ok(None);
+        };
+        let members = parse_peers(peers)?;
+        let node_id = self
+            .id
+            .ok_or("a cluster member needs `id` (--id N, one of the ids in --peers)")?;
+        let own = members.get(&node_id).ok_or_else(|| {
+            format!(
+                "`id` {node_id} is not in `peers` (ids there: {:?})",
+                members.keys().collect::<Vec<_>>()
+            )
+        })?;
+        let peer_addr = match self.peer_addr {
+            Some(a) => a,
+            None => own.parse().map_err(|_| {
+                format!("node {node_id}'s peer address \"{own}\" is not IP:PORT; give --peer-addr to listen on")
+            })?,
+        };
+        let secret = self.cluster_secret.clone().ok_or(
+            "a cluster member needs `cluster_secret` (QUORATE_CLUSTER_SECRET), the same on every member",
+        )?;
+        if secret.len() < 16 {
+            return Err("`cluster_secret` must be at least 16 characters".into());
+        }
+        let election_timeout = duration(
+            "election_timeout",
+            &self.election_timeout,
+            Duration::from_millis(400),
+        )?;
+        let heartbeat = duration("heartbeat", &self.heartbeat, Duration::from_millis(100))?;
+        if heartbeat * 2 > election_timeout {
+            return Err(format!(
+                "`heartbeat` ({heartbeat:?}) must be at most half of `election_timeout` ({election_timeout:?})"
+            ));
+        }
+        Ok(Some(ClusterSettings {
+            node_id,
+            members,
+            peer_addr,
+            secret,
+            wal_sync: !self.unsafe_no_fsync.unwrap_or(false),
+            heartbeat,
+            election_timeout,
+            unavailable_after: duration(
+                "unavailable_after",
+                &self.unavailable_after,
+                Duration::from_millis(500),
+            )?,
+            write_timeout: duration("write_timeout", &self.write_timeout, Duration::from_secs(2))?,
+            batch_max: self.batch_max.unwrap_or(4096).max(1),
+        }))
     }
 
     /// The node configuration these options describe, or what is wrong and how to fix it.
@@ -176,7 +336,12 @@ impl NodeOptions {
                 "`log_sample` = {log_sample} must be between 0.0 and 1.0"
             ));
         }
+        let cluster = self.cluster_settings(&duration)?;
+        if cluster.is_some() && self.data_dir.is_none() {
+            return Err("a cluster member needs `data_dir` (--data-dir): its Raft log and snapshots live there".into());
+        }
         Ok(NodeConfig {
+            cluster,
             http_addr: self.http_addr.unwrap_or(d.http_addr),
             resp_addr: self.resp_addr.unwrap_or(d.resp_addr),
             data_dir: self.data_dir.clone(),

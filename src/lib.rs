@@ -25,6 +25,7 @@ pub mod client;
 pub mod clock;
 pub mod config;
 pub mod limiter;
+pub mod member;
 pub mod metrics;
 pub mod net;
 pub mod node;

@@ -2,6 +2,8 @@
 //! environment variable) and calls into the library; errors print as `error: ...` on stderr
 //! with exit code 2 for bad input and 1 for failures to write output.
 
+mod cli;
+
 use clap::{Args, Parser, Subcommand};
 use quorate::config::NodeOptions;
 use quorate::sim::{self, Report, SimError};
@@ -36,6 +38,17 @@ enum Command {
         underscores), then the defaults, in that order. SIGHUP or POST /v1/admin/reload \
         re-reads the policy file without dropping state; Ctrl-C or SIGTERM stops gracefully.")]
     Node(Box<NodeArgs>),
+    /// Start a local cluster: three node processes on loopback (Ctrl-C stops all three).
+    #[command(
+        long_about = "Start a local cluster: three node processes on loopback.\n\n\
+        Node i serves HTTP on 8080 + i - 1, RESP on 6380 + i - 1 and peers on 7100 + i, with \
+        its data in data/dev/node-i; node 1 answers on the single node's default ports. Every \
+        node accepts every request and forwards it to the shard's leader. Ctrl-C or SIGTERM \
+        stops all three; if one exits, the others are stopped too."
+    )]
+    Dev(cli::dev::DevArgs),
+    /// Show every shard's Raft state (leader, term, commit index, lag) as one node sees it.
+    Status(cli::status::StatusArgs),
     /// Ask a running node whether KEY may spend COST of LIMIT now (exit 0 admitted, 1 denied).
     #[command(
         long_about = "Ask a running node whether KEY may spend COST of the named LIMIT now.\n\n\
@@ -236,6 +249,12 @@ fn run(cli: Cli) -> Result<(), CliError> {
     match cli.command {
         Command::Node(args) => node::run(*args),
         Command::Check(args) => check(args),
+        Command::Dev(args) => cli::dev::run(args).map_err(CliError::Node),
+        Command::Status(args) => {
+            let text = cli::status::run(args).map_err(CliError::Node)?;
+            print!("{text}");
+            Ok(())
+        }
         Command::Sim(args) => {
             let (report, output) = match args.scenario {
                 Scenario::Replay(a) => (
@@ -384,9 +403,26 @@ mod node {
             Some(p) => p.display().to_string(),
             None => "built-in defaults".into(),
         };
-        let node =
-            quorate::node::Node::start(config, policies, Arc::new(SystemClock::new()), http, resp)
-                .await?;
+        let clock = Arc::new(SystemClock::new());
+        let member = config.cluster.as_ref().map(|c| (c.node_id, c.peer_addr));
+        let node = match member {
+            None => quorate::node::Node::start(config, policies, clock, http, resp).await?,
+            Some((id, peer_addr)) => {
+                let peer = bind(peer_addr).await?;
+                tracing::info!(node = id, %peer_addr, "peer server listening");
+                quorate::node::Node::start_member(
+                    config,
+                    policies,
+                    clock,
+                    http,
+                    resp,
+                    peer,
+                    quorate::net::tcp::TcpConnector,
+                    rand::random(),
+                )
+                .await?
+            }
+        };
         println!(
             "quorate node serving: HTTP http://{}  RESP {}  (policies: {source}; Ctrl-C stops)",
             node.http_addr(),

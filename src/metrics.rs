@@ -31,6 +31,9 @@ pub struct Metrics {
     pub connections_refused: IntCounterVec,
     /// Policy reloads by result (`ok`, `error`).
     pub reloads: IntCounterVec,
+    /// Checks answered by `on_unavailable` because their shard had no leader or quorum, by
+    /// answer (`deny`, `allow`, `local`).
+    pub unavailable: IntCounterVec,
 }
 
 impl Metrics {
@@ -111,6 +114,11 @@ impl Metrics {
                 "quorate_policy_reloads_total",
                 "Policy reloads by result",
                 &["result"],
+            ),
+            unavailable: counter_vec(
+                "quorate_unavailable_answers_total",
+                "Checks answered by on_unavailable (no leader or no quorum), by answer",
+                &["answer"],
             ),
             registry,
         }

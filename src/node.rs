@@ -6,7 +6,7 @@
 
 use crate::clock::SharedClock;
 use crate::config::NodeConfig;
-use crate::net::Listener;
+use crate::net::{Connector, Listener};
 use crate::policy::PolicySet;
 use crate::service::Service;
 use std::future::Future;
@@ -38,14 +38,54 @@ impl Node {
         http: H,
         resp: R,
     ) -> io::Result<Node> {
-        let http_addr = http.local_addr()?;
-        let resp_addr = resp.local_addr()?;
-        let eviction_interval = config.eviction_interval;
         let service = Service::start(config, policies, clock)
             .await
             .map_err(io::Error::other)?;
         let (stop, rx) = watch::channel(false);
-        let tasks = vec![
+        Node::serve(service, http, resp, stop, rx, Vec::new())
+    }
+
+    /// Starts a cluster member (`config.cluster` must be set): opens the node's write-ahead
+    /// log and snapshots under `data_dir`, starts every shard's Raft group, the peer server
+    /// on `peer` and the client APIs. `seed` seeds the handshake nonces (from the OS in the
+    /// binary, from the simulation seed under turmoil).
+    #[allow(clippy::too_many_arguments)]
+    pub async fn start_member<H: Listener, R: Listener, P: Listener, C: Connector>(
+        config: NodeConfig,
+        policies: PolicySet,
+        clock: SharedClock,
+        http: H,
+        resp: R,
+        peer: P,
+        connector: C,
+        seed: [u8; 32],
+    ) -> io::Result<Node> {
+        let (stop, rx) = watch::channel(false);
+        let (service, peer_task) = crate::member::start(
+            config,
+            policies,
+            clock,
+            peer,
+            connector,
+            seed,
+            stopped(rx.clone()),
+        )
+        .await?;
+        Node::serve(service, http, resp, stop, rx, vec![peer_task])
+    }
+
+    fn serve<H: Listener, R: Listener>(
+        service: Service,
+        http: H,
+        resp: R,
+        stop: watch::Sender<bool>,
+        rx: watch::Receiver<bool>,
+        mut tasks: Vec<JoinHandle<io::Result<()>>>,
+    ) -> io::Result<Node> {
+        let http_addr = http.local_addr()?;
+        let resp_addr = resp.local_addr()?;
+        let eviction_interval = service.config().eviction_interval;
+        tasks.extend([
             tokio::spawn(crate::api::http::serve(
                 http,
                 service.clone(),
@@ -61,7 +101,7 @@ impl Node {
                 eviction_interval,
                 stopped(rx),
             )),
-        ];
+        ]);
         tracing::info!(%http_addr, %resp_addr, shards = service.status().shards.len(), "node serving");
         Ok(Node {
             service,

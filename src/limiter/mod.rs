@@ -327,6 +327,20 @@ impl Limit {
         })
     }
 
+    /// This limit divided among `n` nodes (quota and capacity, each at least 1): what each
+    /// node enforces alone under `on_unavailable = "local"`.
+    pub fn share(&self, n: u64) -> Limit {
+        let n = n.max(1);
+        let part = |v: u64| (v / n).max(1);
+        Limit::new(
+            self.algorithm(),
+            part(self.quota()),
+            self.period(),
+            part(self.capacity()),
+        )
+        .unwrap_or_else(|_| self.clone())
+    }
+
     pub fn algorithm(&self) -> Algorithm {
         match self {
             Limit::FixedWindow(_) => Algorithm::FixedWindow,

@@ -15,7 +15,8 @@ use crate::config::NodeConfig;
 use crate::limiter::Outcome;
 use crate::metrics::Metrics;
 use crate::policy::PolicySet;
-use crate::shard::actor::Shards;
+use crate::raft::cluster::{Cluster, GroupStatus};
+use crate::shard::actor::{ShardError, Shards};
 use crate::shard::command::{Applied, Command};
 use crate::shard::route::shard_of;
 use crate::shard::state::Bounds;
@@ -25,8 +26,9 @@ use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
-/// The commands bound for one shard, and the (request, item) each answers, in order.
-type ShardBatch = (Vec<(usize, usize)>, Vec<Command>);
+/// The commands bound for one shard, the (request, item) each answers, in order, and
+/// whether every one of them may be answered before it commits (`consistency = "fast"`).
+type ShardBatch = (Vec<(usize, usize)>, Vec<Command>, bool);
 
 /// A handle to a running node's decision path. Cheap to clone.
 #[derive(Clone)]
@@ -34,12 +36,42 @@ pub struct Service {
     inner: Arc<Inner>,
 }
 
+/// Where shard batches are decided: this node's own shard actors, or the cluster's Raft
+/// groups (through their leaders).
+pub enum Backend {
+    Local(Shards),
+    Cluster(Arc<Cluster>),
+}
+
+impl Backend {
+    fn count(&self) -> u32 {
+        match self {
+            Backend::Local(s) => s.count(),
+            Backend::Cluster(c) => c.count(),
+        }
+    }
+
+    async fn apply(
+        &self,
+        shard: u32,
+        commands: Vec<Command>,
+        fast: bool,
+    ) -> Result<Vec<Applied>, ShardError> {
+        match self {
+            Backend::Local(s) => s.apply(shard, commands).await,
+            Backend::Cluster(c) => c.apply(shard, commands, fast).await,
+        }
+    }
+}
+
 struct Inner {
     config: NodeConfig,
     metrics: Metrics,
     clock: SharedClock,
     policies: arc_swap::ArcSwap<PolicySet>,
-    shards: Shards,
+    shards: Backend,
+    /// Bounds one call's wait for its shards.
+    call_timeout: std::time::Duration,
     /// Counts decisions, for sampling the decision log deterministically.
     decided: AtomicU64,
 }
@@ -63,6 +95,16 @@ pub struct NodeStatus {
     pub max_keys: u64,
     pub limits: Vec<String>,
     pub inline_allowed: bool,
+    /// Every shard group's Raft state, when the node is a cluster member.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub cluster: Option<ClusterStatus>,
+}
+
+/// A cluster member's view of every shard group.
+#[derive(Debug, Clone, Serialize)]
+pub struct ClusterStatus {
+    pub node_id: u64,
+    pub groups: Vec<GroupStatus>,
 }
 
 /// What a reload changed.
@@ -82,31 +124,76 @@ impl Service {
         clock: SharedClock,
     ) -> Result<Service, String> {
         let metrics = Metrics::new();
-        let shard_count = config.shards.max(1);
-        let bounds = Bounds {
-            max_keys: config.max_keys.div_ceil(shard_count as u64),
-            idempotency_horizon: u64::try_from(config.idempotency_horizon.as_nanos())
-                .unwrap_or(u64::MAX),
-            max_request_ids: 100_000,
-        };
         let shards = Shards::start(
-            shard_count,
-            bounds,
+            config.shards.max(1),
+            Service::bounds(&config),
             clock.clone(),
             metrics.clone(),
             config.shard_timeout,
         )
         .await?;
-        Ok(Service {
+        let timeout = config.shard_timeout;
+        Ok(Service::with_backend(
+            config,
+            policies,
+            clock,
+            metrics,
+            Backend::Local(shards),
+            timeout,
+        ))
+    }
+
+    /// A service deciding through the cluster's Raft groups. `metrics` must be the ones the
+    /// cluster counts into; `timeout` bounds one call (the cluster answers unavailable
+    /// checks by `on_unavailable` within its own bound, which must be shorter).
+    pub fn clustered(
+        config: NodeConfig,
+        policies: PolicySet,
+        clock: SharedClock,
+        metrics: Metrics,
+        cluster: Arc<Cluster>,
+        timeout: std::time::Duration,
+    ) -> Service {
+        Service::with_backend(
+            config,
+            policies,
+            clock,
+            metrics,
+            Backend::Cluster(cluster),
+            timeout,
+        )
+    }
+
+    fn with_backend(
+        config: NodeConfig,
+        policies: PolicySet,
+        clock: SharedClock,
+        metrics: Metrics,
+        shards: Backend,
+        call_timeout: std::time::Duration,
+    ) -> Service {
+        Service {
             inner: Arc::new(Inner {
                 config,
                 metrics,
                 clock,
                 policies: arc_swap::ArcSwap::from_pointee(policies),
                 shards,
+                call_timeout,
                 decided: AtomicU64::new(0),
             }),
-        })
+        }
+    }
+
+    /// The bounds each shard keeps, from the node's settings (every member of a cluster
+    /// must use the same: replicas apply the same commands under them).
+    pub fn bounds(config: &NodeConfig) -> Bounds {
+        Bounds {
+            max_keys: config.max_keys.div_ceil(config.shards.max(1) as u64),
+            idempotency_horizon: u64::try_from(config.idempotency_horizon.as_nanos())
+                .unwrap_or(u64::MAX),
+            max_request_ids: 100_000,
+        }
     }
 
     /// Decides one check (all-or-nothing over its items).
@@ -138,7 +225,10 @@ impl Service {
                 Ok(items) => {
                     for (i, item) in items.iter().enumerate() {
                         let shard = shard_of(&item.storage_key, self.inner.shards.count());
-                        let slot = per_shard.entry(shard).or_default();
+                        let slot = per_shard
+                            .entry(shard)
+                            .or_insert_with(|| (Vec::new(), Vec::new(), true));
+                        slot.2 &= item.fast;
                         slot.0.push((r, i));
                         slot.1.push(item.command(req.request_id.as_deref(), i));
                     }
@@ -158,12 +248,12 @@ impl Service {
         let shards = &self.inner.shards;
         let sent = per_shard
             .into_iter()
-            .map(|(shard, (slots, commands))| async move {
-                (slots, shards.apply(shard, commands).await)
+            .map(|(shard, (slots, commands, fast))| async move {
+                (slots, shards.apply(shard, commands, fast).await)
             });
         // One timer bounds the whole fan-out: a shard that does not answer in time makes every
         // request of this call unavailable (an admission it made stays consumed: safe side).
-        let timeout = self.inner.config.shard_timeout;
+        let timeout = self.inner.call_timeout;
         let outcomes = match tokio::time::timeout(timeout, futures::future::join_all(sent)).await {
             Ok(outcomes) => outcomes,
             Err(_) => {
@@ -203,7 +293,7 @@ impl Service {
         }
         let refunds = refunds
             .into_iter()
-            .map(|(shard, commands)| shards.apply(shard, commands));
+            .map(|(shard, commands)| shards.apply(shard, commands, true));
         let refunded = match tokio::time::timeout(timeout, futures::future::join_all(refunds)).await
         {
             Ok(done) => done,
@@ -383,9 +473,16 @@ impl Service {
     /// Drops, on every shard, the keys whose state is as if never seen. Returns how many.
     pub async fn evict(&self) -> u64 {
         let shards = &self.inner.shards;
-        let runs = (0..shards.count()).map(|s| shards.apply(s, vec![Command::Evict]));
+        // In a cluster each shard's leader evicts (through its log); followers apply that.
+        let mine: Vec<u32> = match shards {
+            Backend::Local(s) => (0..s.count()).collect(),
+            Backend::Cluster(c) => c.led_shards(),
+        };
+        let runs = mine
+            .into_iter()
+            .map(|s| shards.apply(s, vec![Command::Evict], true));
         let all = futures::future::join_all(runs);
-        let evicted: u64 = tokio::time::timeout(self.inner.config.shard_timeout * 4, all)
+        let evicted: u64 = tokio::time::timeout(self.inner.call_timeout * 4, all)
             .await
             .unwrap_or_default()
             .into_iter()
@@ -401,7 +498,29 @@ impl Service {
     }
 
     pub fn status(&self) -> NodeStatus {
-        let shards = self.inner.shards.status();
+        let (shards, raft) = match &self.inner.shards {
+            Backend::Local(s) => (s.status(), None),
+            Backend::Cluster(c) => {
+                let groups = c.status();
+                let shards = groups
+                    .iter()
+                    .map(|g| ShardStatus {
+                        shard: g.shard as u32,
+                        keys: g.keys,
+                        queue_depth: 0,
+                        shard_time_ns: g.shard_time_ns,
+                        restarts: 0,
+                    })
+                    .collect();
+                (
+                    shards,
+                    Some(ClusterStatus {
+                        node_id: c.node_id(),
+                        groups,
+                    }),
+                )
+            }
+        };
         let policies = self.policies();
         NodeStatus {
             version: env!("CARGO_PKG_VERSION"),
@@ -410,6 +529,7 @@ impl Service {
             max_keys: self.inner.config.max_keys,
             limits: policies.limits.keys().cloned().collect(),
             inline_allowed: policies.inline.allow,
+            cluster: raft,
         }
     }
 
@@ -426,14 +546,20 @@ impl Service {
     }
 
     /// True once the shards are running and accepting checks.
+    /// A cluster member is ready once every shard has a leader it knows of.
     pub fn ready(&self) -> bool {
-        self.inner.shards.count() > 0
+        match &self.inner.shards {
+            Backend::Local(s) => s.count() > 0,
+            Backend::Cluster(c) => c.ready(),
+        }
     }
 
     /// Test hook: makes a shard's actor panic (it is restarted on its state).
     #[doc(hidden)]
     pub fn crash_shard(&self, shard: u32) {
-        self.inner.shards.crash(shard)
+        if let Backend::Local(s) = &self.inner.shards {
+            s.crash(shard)
+        }
     }
 
     /// The shard that owns a storage key (test and admin use).
@@ -443,6 +569,17 @@ impl Service {
 
     /// Stops the shard actors.
     pub async fn shutdown(&self) {
-        self.inner.shards.stop().await
+        match &self.inner.shards {
+            Backend::Local(s) => s.stop().await,
+            Backend::Cluster(c) => c.shutdown().await,
+        }
+    }
+
+    /// The cluster this node belongs to, if any.
+    pub fn cluster(&self) -> Option<&Arc<Cluster>> {
+        match &self.inner.shards {
+            Backend::Cluster(c) => Some(c),
+            Backend::Local(_) => None,
+        }
     }
 }

@@ -28,6 +28,8 @@ pub struct Resolved {
     pub cost: u64,
     pub shadow: bool,
     pub on_full: OnUnavailable,
+    /// `consistency = "fast"`: a cluster leader may answer before the decision commits.
+    pub fast: bool,
 }
 
 impl Resolved {
@@ -117,6 +119,7 @@ fn item(
                 cost: item.cost,
                 shadow: options.shadow,
                 on_full: options.on_unavailable,
+                fast: options.consistency == crate::policy::Consistency::Fast,
             })
         }
         LimitRef::Inline(spec) => {
@@ -158,6 +161,7 @@ fn item(
                 cost: item.cost,
                 shadow: false,
                 on_full: OnUnavailable::Deny,
+                fast: false,
             })
         }
     }

@@ -108,6 +108,10 @@ pub struct WalOptions {
     /// `true` (the default) syncs every batch. `false` is UNSAFE: acknowledged records can be
     /// lost on power failure. It exists as the negative control for durability tests.
     pub sync: bool,
+    /// UNSAFE, negative controls only: hold written records in process memory (flushed at
+    /// 8 MiB, before compaction and on close) as a volatile disk cache would, so that a
+    /// process crash loses acknowledged records the way a power cut loses unsynced ones.
+    pub unsafe_volatile: bool,
 }
 
 impl Default for WalOptions {
@@ -118,6 +122,7 @@ impl Default for WalOptions {
             queue_bytes: 64 << 20,
             compact_bytes: 64 << 20,
             sync: true,
+            unsafe_volatile: false,
         }
     }
 }
@@ -303,6 +308,7 @@ impl Wal {
         let settings = Settings {
             max_batch: options.queue_records,
             sync: options.sync,
+            volatile: options.unsafe_volatile,
             compact_bytes: options.compact_bytes,
             max_record_bytes: options.max_record_bytes,
         };

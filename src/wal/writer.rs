@@ -108,6 +108,10 @@ pub struct Settings {
     pub max_batch: usize,
     /// `false` skips every sync — unsafe, for negative controls only.
     pub sync: bool,
+    /// UNSAFE, negative controls only: keep written batches in a process-memory cache
+    /// (flushed at 8 MiB, before compaction and on close), as a volatile disk cache would,
+    /// so a crash (kill -9) loses what was acknowledged since the last flush.
+    pub volatile: bool,
     /// Compact once the segment is at least this long (and at least twice its checkpoint).
     pub compact_bytes: u64,
     pub max_record_bytes: u32,
@@ -144,7 +148,12 @@ struct Writer {
     /// No compaction before the segment reaches this (pushed on after a failed attempt).
     next_compaction_at: u64,
     poisoned: Option<Poison>,
+    /// The `volatile` cache (see [`Settings::volatile`]).
+    cache: Vec<u8>,
 }
+
+/// The `volatile` cache is written out at this size.
+const VOLATILE_FLUSH: usize = 8 << 20;
 
 impl Writer {
     fn new(segment: Segment, shared: Arc<Shared>, settings: Settings) -> Writer {
@@ -156,6 +165,7 @@ impl Writer {
             base_len: 0,
             next_compaction_at,
             poisoned: None,
+            cache: Vec::new(),
         }
     }
 
@@ -190,9 +200,20 @@ impl Writer {
                 batch = Vec::new();
             }
             if self.poisoned.is_none() && self.compaction_due() {
+                let _ = self.flush_cache();
                 self.compact();
             }
         }
+        let _ = self.flush_cache();
+    }
+
+    /// Writes out the `volatile` cache (a no-op without it).
+    fn flush_cache(&mut self) -> io::Result<()> {
+        if !self.cache.is_empty() {
+            self.segment.file.write_all(&self.cache)?;
+            self.cache.clear();
+        }
+        Ok(())
     }
 
     fn poison(&mut self, reason: Poison) {
@@ -215,7 +236,15 @@ impl Writer {
         // Counted before the write: a failed write leaves `len` past the real end, which only
         // matters for compaction, and the log is poisoned then anyway.
         self.segment.len += batch.len() as u64;
-        self.segment.file.write_all(batch)?;
+        if self.settings.volatile {
+            self.cache.extend_from_slice(batch);
+            if self.cache.len() >= VOLATILE_FLUSH {
+                self.segment.file.write_all(&self.cache)?;
+                self.cache.clear();
+            }
+        } else {
+            self.segment.file.write_all(batch)?;
+        }
         let stats = &self.shared.stats;
         if self.settings.sync {
             self.segment.file.sync_data()?;

@@ -1,0 +1,151 @@
+//! Assembles a cluster member: the node's write-ahead log, every shard's Raft group, the
+//! peer transport (client and server) and the service that routes checks through them.
+
+use crate::clock::SharedClock;
+use crate::config::NodeConfig;
+use crate::metrics::Metrics;
+use crate::net::{Connector, Listener};
+use crate::peer::{Nonces, PeerConfig, PeerError, Peers};
+use crate::policy::PolicySet;
+use crate::raft::cluster::{Cluster, ClusterConfig, LogFactory};
+use crate::raft::log_store::{GroupLog, NodeLog};
+use crate::raft::rpc::{CallError, Transport};
+use crate::raft::{GroupId, NodeId};
+use crate::service::Service;
+use crate::wal::WalOptions;
+use futures::future::BoxFuture;
+use std::future::Future;
+use std::io;
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+use tokio::task::JoinHandle;
+
+/// The peer client as the Raft layer's transport.
+struct PeerTransport<C: Connector>(Peers<C>);
+
+impl<C: Connector> Transport for PeerTransport<C> {
+    fn call(
+        &self,
+        to: NodeId,
+        body: Vec<u8>,
+        timeout: Duration,
+    ) -> BoxFuture<'static, Result<Vec<u8>, CallError>> {
+        let peers = self.0.clone();
+        Box::pin(async move {
+            peers.call(to, body, timeout).await.map_err(|e| match e {
+                PeerError::Remote { .. } => CallError::Failed(to, e.to_string()),
+                other => CallError::Unreachable(to, other.to_string()),
+            })
+        })
+    }
+}
+
+impl LogFactory for NodeLog {
+    type Log = GroupLog;
+    fn log(&mut self, group: GroupId) -> Result<GroupLog, String> {
+        Ok(self.group(group))
+    }
+}
+
+/// Starts the member's Raft groups and peer server; returns the service and the peer
+/// server's task (it ends when `shutdown` resolves).
+pub async fn start<P: Listener, C: Connector>(
+    config: NodeConfig,
+    policies: PolicySet,
+    clock: SharedClock,
+    peer: P,
+    connector: C,
+    seed: [u8; 32],
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> io::Result<(Service, JoinHandle<io::Result<()>>)> {
+    let invalid = |e: String| io::Error::new(io::ErrorKind::InvalidInput, e);
+    let settings = config
+        .cluster
+        .clone()
+        .ok_or_else(|| invalid("not a cluster member: no peers configured".into()))?;
+    let data_dir = config
+        .data_dir
+        .clone()
+        .ok_or_else(|| invalid("a cluster member needs a data directory".into()))?;
+    let mut addrs = Vec::new();
+    for (id, addr) in &settings.members {
+        if *id != settings.node_id {
+            let a: SocketAddr = addr
+                .parse()
+                .map_err(|_| invalid(format!("peer {id}'s address \"{addr}\" is not IP:PORT")))?;
+            addrs.push((*id, a));
+        }
+    }
+    let wal_dir = data_dir.join("wal");
+    // The negative control of the durability tests: no fsync, acknowledgements before the
+    // write, and writes held in process memory, so kill -9 loses acknowledged entries.
+    let options = WalOptions {
+        sync: settings.wal_sync,
+        unsafe_volatile: !settings.wal_sync,
+        ..WalOptions::default()
+    };
+    if !settings.wal_sync {
+        tracing::warn!(
+            "UNSAFE: --unsafe-no-fsync is set; acknowledged decisions can be lost on a crash"
+        );
+    }
+    let (mut log, _) = tokio::task::spawn_blocking(move || NodeLog::open(&wal_dir, options))
+        .await
+        .map_err(io::Error::other)??;
+    log.set_unsafe_ack_before_durable(!settings.wal_sync);
+
+    let mut peer_config = PeerConfig::new(settings.node_id, settings.secret.clone().into_bytes());
+    peer_config.members = Some(settings.members.keys().copied().collect::<Vec<_>>().into());
+    let nonces = Nonces::from_seed(seed);
+    let peers =
+        Peers::new(peer_config.clone(), connector, addrs, nonces.clone()).map_err(invalid)?;
+    let transport: Arc<dyn Transport> = Arc::new(PeerTransport(peers));
+
+    let metrics = Metrics::new();
+    let mut cluster_config =
+        ClusterConfig::defaults(settings.node_id, settings.members.clone(), data_dir.clone());
+    cluster_config.shards = config.shards.max(1);
+    cluster_config.heartbeat = settings.heartbeat;
+    cluster_config.election_min = settings.election_timeout;
+    cluster_config.election_max = settings.election_timeout * 2;
+    cluster_config.unavailable_after = settings.unavailable_after;
+    cluster_config.write_timeout = settings.write_timeout;
+    cluster_config.forward_timeout = settings.write_timeout;
+    cluster_config.batch_max = settings.batch_max;
+    let bounds = Service::bounds(&config);
+    let cluster = Cluster::start(
+        cluster_config,
+        log,
+        transport,
+        clock.clone(),
+        metrics.clone(),
+        bounds,
+    )
+    .await
+    .map_err(io::Error::other)?;
+
+    let handled = cluster.clone();
+    let handler: crate::peer::Handler = Arc::new(move |_from, body| {
+        let cluster = handled.clone();
+        Box::pin(async move { Ok(cluster.handle(&body).await) })
+    });
+    let server = tokio::spawn(crate::peer::serve(
+        peer,
+        peer_config,
+        handler,
+        nonces,
+        shutdown,
+    ));
+    // A call waits for a leader, then for a commit (perhaps after one forward): bound it
+    // just above that, so the cluster's own `on_unavailable` answer arrives first.
+    let timeout =
+        settings.unavailable_after + settings.write_timeout * 2 + Duration::from_millis(500);
+    let service = Service::clustered(config, policies, clock, metrics, cluster, timeout);
+    tracing::info!(
+        node = settings.node_id,
+        members = settings.members.len(),
+        "cluster member started"
+    );
+    Ok((service, server))
+}

@@ -1,0 +1,759 @@
+//! A node's share of the cluster: one openraft group per shard, the proposer that batches
+//! decisions into log entries, forwarding to leaders, and the `on_unavailable` fallback.
+//!
+//! The data path for a batch of commands bound for shard `g`:
+//! - this node leads `g`: the commands join `g`'s proposer lane. The proposer takes
+//!   everything waiting (up to `batch_max` commands), stamps it with the shard time and
+//!   submits it as ONE log entry. While `pipeline` entries are in flight it does not submit,
+//!   so under load the lane fills and entries grow: batching adapts to the load and adds no
+//!   delay when idle. The answer to each command is what applying the COMMITTED entry
+//!   returned on this node, so every answer (admit or deny) is one the majority has durably
+//!   logged: a strict decision is never forgotten by a failover.
+//! - another node leads `g`: the commands are forwarded to it over the peer transport, in
+//!   the caller's batch, with a timeout; a `NotLeader` answer with a hint is followed once.
+//! - no leader or no quorum within `unavailable_after`: each check is answered by its
+//!   policy's `on_unavailable` (deny; allow, counted; or local: this node enforces
+//!   `limit / members` by itself on its own table until the shard is back).
+//!
+//! Shard time: a leader stamps batches with `max(last, base + monotonic elapsed)` where
+//! `base` is the shard time of the last entry it applied when it took office, so a new
+//! leader continues the log's time and its wall clock is never read. Apply takes
+//! `max(batch time, state time)`, so an old batch stamped lower cannot turn time back.
+
+use super::rpc::{ask, ForwardError, PeerRequest, PeerResponse, Transport};
+use super::state_machine::{MachineInfo, ShardMachine};
+use super::types::{Applies, GroupId, NodeId, TypeConfig};
+use crate::clock::{ShardTime, SharedClock};
+use crate::limiter::{Decision, Outcome, SECOND};
+use crate::metrics::Metrics;
+use crate::policy::OnUnavailable;
+use crate::shard::actor::ShardError;
+use crate::shard::command::{Applied, Batch, Command};
+use crate::shard::state::{Bounds, ShardState};
+use openraft::storage::RaftLogStorage;
+use openraft::{BasicNode, Raft, ServerState};
+use serde::Serialize;
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Duration;
+use tokio::sync::{oneshot, Notify, Semaphore};
+
+/// How a node takes part in the cluster.
+#[derive(Debug, Clone)]
+pub struct ClusterConfig {
+    pub node_id: NodeId,
+    /// Every member's id and peer address (this node included).
+    pub members: BTreeMap<NodeId, String>,
+    /// Snapshots go under `<data_dir>/snapshots`.
+    pub data_dir: PathBuf,
+    pub shards: u32,
+    pub heartbeat: Duration,
+    pub election_min: Duration,
+    pub election_max: Duration,
+    /// Longest wait for a submitted entry to commit before the answer is "unavailable".
+    pub write_timeout: Duration,
+    /// Longest wait for a forwarded batch's answer.
+    pub forward_timeout: Duration,
+    /// Longest wait for a shard to have a leader before `on_unavailable` answers.
+    pub unavailable_after: Duration,
+    /// Most commands in one log entry.
+    pub batch_max: usize,
+    /// Most entries a group's leader has submitted but not yet seen committed.
+    pub pipeline: usize,
+    /// A snapshot is taken after this many entries since the last.
+    pub snapshot_every: u64,
+}
+
+impl ClusterConfig {
+    pub fn defaults(node_id: NodeId, members: BTreeMap<NodeId, String>, data_dir: PathBuf) -> Self {
+        ClusterConfig {
+            node_id,
+            members,
+            data_dir,
+            shards: 16,
+            heartbeat: Duration::from_millis(100),
+            election_min: Duration::from_millis(400),
+            election_max: Duration::from_millis(800),
+            write_timeout: Duration::from_secs(2),
+            forward_timeout: Duration::from_secs(2),
+            unavailable_after: Duration::from_millis(500),
+            batch_max: 4096,
+            pipeline: 4,
+            snapshot_every: 20_000,
+        }
+    }
+
+    fn raft_config(&self) -> Result<Arc<openraft::Config>, String> {
+        let ms = |d: Duration| d.as_millis().max(1) as u64;
+        let config = openraft::Config {
+            cluster_name: "quorate".into(),
+            heartbeat_interval: ms(self.heartbeat),
+            election_timeout_min: ms(self.election_min),
+            election_timeout_max: ms(self.election_max),
+            snapshot_policy: openraft::SnapshotPolicy::LogsSinceLast(self.snapshot_every),
+            max_in_snapshot_log_to_keep: 1000,
+            max_payload_entries: 64,
+            ..Default::default()
+        };
+        config
+            .validate()
+            .map(Arc::new)
+            .map_err(|e| format!("raft settings: {e}"))
+    }
+}
+
+/// One caller's commands waiting in a proposer lane.
+struct Pending {
+    commands: Vec<Command>,
+    /// May be answered from the leader's speculative state before the entry commits.
+    fast: bool,
+    reply: oneshot::Sender<Result<Vec<Applied>, String>>,
+}
+
+/// The leader-side batcher of one group.
+struct Proposer {
+    lane: Mutex<Vec<Pending>>,
+    queued: AtomicU64,
+    wake: Notify,
+    inflight: Arc<Semaphore>,
+}
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+/// One shard's Raft group on this node.
+struct Group {
+    id: GroupId,
+    raft: Raft<TypeConfig>,
+    info: Arc<MachineInfo>,
+    proposer: Proposer,
+    /// The `local` fallback's own table (limits divided by the member count).
+    local: Mutex<ShardState>,
+    /// Entries proposed by this node as leader.
+    proposed: AtomicU64,
+    /// The state machine's state (read to seed the speculative state).
+    info_state: Arc<Mutex<ShardState>>,
+    /// Set when an entry the speculative state assumed did not commit.
+    spec_failed: Arc<std::sync::atomic::AtomicBool>,
+}
+
+/// Per-group numbers for `/v1/admin/status` and `quorate status`.
+#[derive(Debug, Clone, Serialize)]
+pub struct GroupStatus {
+    pub shard: GroupId,
+    pub state: String,
+    pub leader: Option<NodeId>,
+    pub term: u64,
+    pub last_log_index: u64,
+    pub commit_index: u64,
+    pub applied_index: u64,
+    /// Leader only: entries each follower is behind the leader's last log index.
+    pub lag: BTreeMap<NodeId, u64>,
+    pub keys: u64,
+    pub shard_time_ns: u64,
+    pub snapshots: u64,
+    pub entries_proposed: u64,
+}
+
+/// Builds a group's log storage (the node's shared WAL hands these out).
+pub trait LogFactory {
+    type Log: RaftLogStorage<TypeConfig>;
+    fn log(&mut self, group: GroupId) -> Result<Self::Log, String>;
+}
+
+pub struct Cluster {
+    config: ClusterConfig,
+    groups: Vec<Arc<Group>>,
+    transport: Arc<dyn Transport>,
+    clock: SharedClock,
+    metrics: Metrics,
+    bounds: Bounds,
+    fallbacks: AtomicU64,
+}
+
+impl Cluster {
+    /// Opens every group's state machine and log, starts its Raft node, and initialises the
+    /// groups on a fresh data directory (every member does the same with the same members,
+    /// which openraft makes safe).
+    pub async fn start<F: LogFactory>(
+        config: ClusterConfig,
+        mut logs: F,
+        transport: Arc<dyn Transport>,
+        clock: SharedClock,
+        metrics: Metrics,
+        bounds: Bounds,
+    ) -> Result<Arc<Cluster>, String> {
+        if !config.members.contains_key(&config.node_id) {
+            return Err(format!(
+                "node id {} is not in the member list {:?}",
+                config.node_id,
+                config.members.keys().collect::<Vec<_>>()
+            ));
+        }
+        let raft_config = config.raft_config()?;
+        let snap_dir = config.data_dir.join("snapshots");
+        let members: BTreeMap<NodeId, BasicNode> = config
+            .members
+            .iter()
+            .map(|(id, addr)| (*id, BasicNode::new(addr)))
+            .collect();
+        let mut groups = Vec::new();
+        for g in 0..config.shards.max(1) as GroupId {
+            let sm = ShardMachine::open(&snap_dir, g, bounds)?;
+            let info = sm.info();
+            let info_state = sm.state();
+            let log = logs.log(g)?;
+            let network = super::rpc::GroupNetwork {
+                group: g,
+                transport: transport.clone(),
+            };
+            let raft = Raft::new(config.node_id, raft_config.clone(), network, log, sm)
+                .await
+                .map_err(|e| format!("shard {g}: cannot start raft: {e}"))?;
+            if !raft.is_initialized().await.map_err(|e| e.to_string())? {
+                if let Err(e) = raft.initialize(members.clone()).await {
+                    tracing::debug!(group = g, error = %e, "initialize skipped");
+                }
+            }
+            groups.push(Arc::new(Group {
+                id: g,
+                raft,
+                info,
+                proposer: Proposer {
+                    lane: Mutex::new(Vec::new()),
+                    queued: AtomicU64::new(0),
+                    wake: Notify::new(),
+                    inflight: Arc::new(Semaphore::new(config.pipeline.max(1))),
+                },
+                local: Mutex::new(ShardState::new(bounds)),
+                proposed: AtomicU64::new(0),
+                info_state,
+                spec_failed: Arc::default(),
+            }));
+        }
+        let cluster = Arc::new(Cluster {
+            config,
+            groups,
+            transport,
+            clock,
+            metrics,
+            bounds,
+            fallbacks: AtomicU64::new(0),
+        });
+        for g in &cluster.groups {
+            tokio::spawn(propose_loop(cluster.clone(), g.clone()));
+        }
+        tokio::spawn(rebalance_loop(Arc::downgrade(&cluster)));
+        Ok(cluster)
+    }
+
+    pub fn node_id(&self) -> NodeId {
+        self.config.node_id
+    }
+
+    pub fn count(&self) -> u32 {
+        self.groups.len() as u32
+    }
+
+    pub fn bounds(&self) -> Bounds {
+        self.bounds
+    }
+
+    /// Answers given by `on_unavailable` rather than by a committed entry.
+    pub fn fallbacks(&self) -> u64 {
+        self.fallbacks.load(Ordering::Relaxed)
+    }
+
+    /// The shards this node leads now that hold keys (what the eviction loop visits: an
+    /// empty shard has nothing to evict and gets no log entry for it).
+    pub fn led_shards(&self) -> Vec<u32> {
+        self.groups
+            .iter()
+            .filter(|g| g.info.keys.load(Ordering::Relaxed) > 0)
+            .filter(|g| self.leader(g) == Some(self.config.node_id))
+            .map(|g| g.id as u32)
+            .collect()
+    }
+
+    /// True when every group has a leader this node knows of.
+    pub fn ready(&self) -> bool {
+        self.groups.iter().all(|g| self.leader(g).is_some())
+    }
+
+    fn group(&self, shard: u32) -> &Arc<Group> {
+        &self.groups[shard as usize % self.groups.len()]
+    }
+
+    fn leader(&self, group: &Group) -> Option<NodeId> {
+        group.raft.metrics().borrow().current_leader
+    }
+
+    /// Decides `commands` on shard `shard` through its leader; see the module doc.
+    pub async fn apply(
+        &self,
+        shard: u32,
+        commands: Vec<Command>,
+        fast: bool,
+    ) -> Result<Vec<Applied>, ShardError> {
+        let group = self.group(shard).clone();
+        let mut hint = self.leader(&group);
+        if hint.is_none() {
+            hint = self.wait_for_leader(&group).await;
+        }
+        for _hop in 0..3 {
+            match hint {
+                Some(id) if id == self.config.node_id => {
+                    match self.propose(&group, commands.clone(), fast).await {
+                        Ok(applied) => return Ok(applied),
+                        Err(ForwardError::NotLeader { leader }) => {
+                            hint = leader.or_else(|| self.leader(&group))
+                        }
+                        Err(ForwardError::Unavailable(why)) => {
+                            tracing::debug!(shard, %why, "shard unavailable");
+                            break;
+                        }
+                    }
+                }
+                Some(id) => match self.forward(id, &group, commands.clone(), fast).await {
+                    Ok(applied) => return Ok(applied),
+                    Err(ForwardError::NotLeader { leader }) if leader != Some(id) => hint = leader,
+                    Err(e) => {
+                        tracing::debug!(shard, leader = id, error = %e, "forward failed");
+                        break;
+                    }
+                },
+                None => break,
+            }
+        }
+        Ok(self.fallback(&group, &commands))
+    }
+
+    async fn wait_for_leader(&self, group: &Group) -> Option<NodeId> {
+        let mut rx = group.raft.metrics();
+        let wait = async move {
+            rx.wait_for(|m| m.current_leader.is_some())
+                .await
+                .ok()
+                .and_then(|m| m.current_leader)
+        };
+        tokio::time::timeout(self.config.unavailable_after, wait)
+            .await
+            .ok()
+            .flatten()
+    }
+
+    async fn forward(
+        &self,
+        to: NodeId,
+        group: &Group,
+        commands: Vec<Command>,
+        fast: bool,
+    ) -> Result<Vec<Applied>, ForwardError> {
+        let request = PeerRequest::Forward {
+            group: group.id,
+            commands,
+            fast,
+        };
+        match ask(&*self.transport, to, &request, self.config.forward_timeout).await {
+            Ok(PeerResponse::Forward(result)) => result,
+            Ok(other) => Err(ForwardError::Unavailable(format!(
+                "unexpected answer {other:?}"
+            ))),
+            Err(e) => Err(ForwardError::Unavailable(e.to_string())),
+        }
+    }
+
+    /// Puts `commands` in this node's proposer lane for `group` and waits for the answer
+    /// from the committed entry.
+    async fn propose(
+        &self,
+        group: &Arc<Group>,
+        commands: Vec<Command>,
+        fast: bool,
+    ) -> Result<Vec<Applied>, ForwardError> {
+        let n = commands.len();
+        let queued = group.proposer.queued.fetch_add(n as u64, Ordering::Relaxed);
+        if queued > (self.config.batch_max * self.config.pipeline * 4) as u64 {
+            group.proposer.queued.fetch_sub(n as u64, Ordering::Relaxed);
+            return Err(ForwardError::Unavailable("proposer queue full".into()));
+        }
+        let (reply, answer) = oneshot::channel();
+        lock(&group.proposer.lane).push(Pending {
+            commands,
+            fast,
+            reply,
+        });
+        group.proposer.wake.notify_one();
+        let answer = tokio::time::timeout(self.config.write_timeout, answer).await;
+        match answer {
+            Ok(Ok(Ok(applied))) if applied.len() == n => Ok(applied),
+            Ok(Ok(Ok(_))) => Err(ForwardError::Unavailable("answer count mismatch".into())),
+            Ok(Ok(Err(why))) => match self.leader(group) {
+                Some(l) if l != self.config.node_id => {
+                    Err(ForwardError::NotLeader { leader: Some(l) })
+                }
+                _ => Err(ForwardError::Unavailable(why)),
+            },
+            Ok(Err(_)) => Err(ForwardError::Unavailable("proposer stopped".into())),
+            Err(_) => Err(ForwardError::Unavailable("commit timed out".into())),
+        }
+    }
+
+    /// A forwarded batch: decide it here if this node leads the group.
+    pub async fn decide_forwarded(
+        &self,
+        group: GroupId,
+        commands: Vec<Command>,
+        fast: bool,
+    ) -> Result<Vec<Applied>, ForwardError> {
+        let Some(g) = self.groups.get(group as usize).cloned() else {
+            return Err(ForwardError::Unavailable(format!("no shard {group}")));
+        };
+        match self.leader(&g) {
+            Some(id) if id == self.config.node_id => self.propose(&g, commands, fast).await,
+            leader => Err(ForwardError::NotLeader { leader }),
+        }
+    }
+
+    /// The policy's `on_unavailable` answer for each command.
+    fn fallback(&self, group: &Group, commands: &[Command]) -> Vec<Applied> {
+        let members = self.config.members.len().max(1) as u64;
+        let now = self.clock.monotonic();
+        commands
+            .iter()
+            .map(|c| match c {
+                Command::Check {
+                    key,
+                    limit,
+                    cost,
+                    on_full,
+                    ..
+                } => {
+                    self.fallbacks.fetch_add(1, Ordering::Relaxed);
+                    let label = match on_full {
+                        OnUnavailable::Deny => "deny",
+                        OnUnavailable::Allow => "allow",
+                        OnUnavailable::Local => "local",
+                    };
+                    self.metrics.unavailable.with_label_values(&[label]).inc();
+                    let decision = match on_full {
+                        OnUnavailable::Local => {
+                            let share = limit.share(members);
+                            let batch = Batch {
+                                time: now,
+                                commands: vec![Command::Check {
+                                    key: key.clone(),
+                                    limit: share,
+                                    cost: *cost,
+                                    request_id: None,
+                                    on_full: OnUnavailable::Deny,
+                                }],
+                            };
+                            match lock(&group.local).apply(&batch).pop() {
+                                Some(Applied::Decided { decision, .. }) => decision,
+                                _ => unavailable(limit.capacity(), false),
+                            }
+                        }
+                        other => unavailable(limit.capacity(), *other == OnUnavailable::Allow),
+                    };
+                    Applied::Decided {
+                        decision,
+                        replayed: false,
+                        fallback: true,
+                        at: now,
+                    }
+                }
+                Command::Refund { .. } => Applied::Refunded,
+                Command::Evict => {
+                    let n = lock(&group.local).apply(&Batch {
+                        time: now,
+                        commands: vec![Command::Evict],
+                    });
+                    n.into_iter().next().unwrap_or(Applied::Evicted(0))
+                }
+            })
+            .collect()
+    }
+
+    /// Handles one peer request (from the peer transport's server).
+    pub async fn handle(&self, body: &[u8]) -> Vec<u8> {
+        let request: PeerRequest = match super::rpc::decode(body) {
+            Ok(r) => r,
+            Err(e) => return super::rpc::encode(&PeerResponse::Refused(e)),
+        };
+        let group = |g: GroupId| self.groups.get(g as usize).cloned();
+        let response = match request {
+            PeerRequest::Append { group: g, rpc } => match group(g) {
+                Some(gr) => PeerResponse::Append(gr.raft.append_entries(rpc).await),
+                None => PeerResponse::Refused(format!("no shard {g}")),
+            },
+            PeerRequest::Vote { group: g, rpc } => match group(g) {
+                Some(gr) => PeerResponse::Vote(gr.raft.vote(rpc).await),
+                None => PeerResponse::Refused(format!("no shard {g}")),
+            },
+            PeerRequest::Snapshot { group: g, rpc } => match group(g) {
+                Some(gr) => PeerResponse::Snapshot(gr.raft.install_snapshot(rpc).await),
+                None => PeerResponse::Refused(format!("no shard {g}")),
+            },
+            PeerRequest::Forward {
+                group: g,
+                commands,
+                fast,
+            } => PeerResponse::Forward(self.decide_forwarded(g, commands, fast).await),
+        };
+        super::rpc::encode(&response)
+    }
+
+    /// Every group's Raft state as this node sees it.
+    pub fn status(&self) -> Vec<GroupStatus> {
+        self.groups
+            .iter()
+            .map(|g| {
+                let m = g.raft.metrics().borrow().clone();
+                let last = m.last_log_index.unwrap_or(0);
+                let lag = m
+                    .replication
+                    .as_ref()
+                    .map(|r| {
+                        r.iter()
+                            .filter(|(id, _)| **id != self.config.node_id)
+                            .map(|(id, matched)| {
+                                (*id, last.saturating_sub(matched.map_or(0, |l| l.index)))
+                            })
+                            .collect()
+                    })
+                    .unwrap_or_default();
+                GroupStatus {
+                    shard: g.id,
+                    state: format!("{:?}", m.state),
+                    leader: m.current_leader,
+                    term: m.current_term,
+                    last_log_index: last,
+                    commit_index: m.last_applied.map_or(0, |l| l.index),
+                    applied_index: g.info.applied.load(Ordering::Relaxed),
+                    lag,
+                    keys: g.info.keys.load(Ordering::Relaxed),
+                    shard_time_ns: g.info.time.load(Ordering::Relaxed),
+                    snapshots: g.info.snapshots.load(Ordering::Relaxed),
+                    entries_proposed: g.proposed.load(Ordering::Relaxed),
+                }
+            })
+            .collect()
+    }
+
+    /// Stops every group's Raft node.
+    pub async fn shutdown(&self) {
+        for g in &self.groups {
+            let _ = g.raft.shutdown().await;
+            g.proposer.wake.notify_one();
+        }
+    }
+}
+
+/// The answer when a shard cannot decide: deny (retry in a second) or allow.
+fn unavailable(limit: u64, allow: bool) -> Decision {
+    Decision {
+        outcome: if allow {
+            Outcome::Allowed
+        } else {
+            Outcome::Denied
+        },
+        limit,
+        remaining: 0,
+        reset_after: 0,
+        retry_after: if allow { 0 } else { SECOND },
+        delay: 0,
+    }
+}
+
+/// The leader's speculative state for `consistency = "fast"`: the committed state plus
+/// every entry this leader has submitted in `term`, so it answers as the log will.
+struct Speculative {
+    term: u64,
+    state: ShardState,
+}
+
+/// The leader-side batcher of one group: see the module doc.
+async fn propose_loop(cluster: Arc<Cluster>, group: Arc<Group>) {
+    let mut time: Option<(u64, ShardTime)> = None;
+    let mut spec: Option<Speculative> = None;
+    let pipeline = cluster.config.pipeline.max(1);
+    let lease_ms = cluster.config.election_min.as_millis() as u64;
+    loop {
+        let permit = match group.proposer.inflight.clone().acquire_owned().await {
+            Ok(p) => p,
+            Err(_) => return,
+        };
+        let pending = loop {
+            let taken = take(&group.proposer, cluster.config.batch_max);
+            if !taken.is_empty() {
+                break taken;
+            }
+            group.proposer.wake.notified().await;
+            if group.raft.metrics().borrow().running_state.is_err() {
+                return;
+            }
+        };
+        let (term, is_leader, lease) = {
+            let m = group.raft.metrics();
+            let m = m.borrow();
+            let lease = m.millis_since_quorum_ack.is_some_and(|ms| ms < lease_ms);
+            (m.current_term, m.state == ServerState::Leader, lease)
+        };
+        if !is_leader {
+            spec = None;
+            for p in pending {
+                let _ = p.reply.send(Err("not the leader".into()));
+            }
+            continue;
+        }
+        // A new term: continue the shard time from what this node has applied.
+        if time.as_ref().is_none_or(|(t, _)| *t != term) {
+            let base = group.info.time.load(Ordering::Relaxed);
+            time = Some((term, ShardTime::new(cluster.clock.clone(), base)));
+        }
+        let now = time.as_mut().map_or(0, |(_, t)| t.now());
+        let any_fast = pending.iter().any(|p| p.fast);
+        // The speculative state is (re)built only with nothing else in flight, after the
+        // state machine has applied everything committed before this term's entries: then
+        // the committed state plus what follows is exactly what the log will say.
+        let idle = group.proposer.inflight.available_permits() + 1 >= pipeline;
+        if spec.as_ref().is_some_and(|s| s.term != term) {
+            spec = None;
+        }
+        if spec.is_none() && any_fast && idle && group.raft.ensure_linearizable().await.is_ok() {
+            spec = Some(Speculative {
+                term,
+                state: lock(&group.info_state).clone(),
+            });
+        }
+        let mut lengths = Vec::with_capacity(pending.len());
+        let mut replies = Vec::with_capacity(pending.len());
+        let mut commands = Vec::new();
+        let mut early = Vec::with_capacity(pending.len());
+        for p in pending {
+            lengths.push(p.commands.len());
+            early.push(p.fast);
+            replies.push(Some(p.reply));
+            commands.extend(p.commands);
+        }
+        let batch = Batch {
+            time: now,
+            commands,
+        };
+        group.proposed.fetch_add(1, Ordering::Relaxed);
+        let guessed = spec.as_mut().map(|s| s.state.apply(&batch));
+        let submitted = group.raft.client_write_ff(batch).await;
+        if submitted.is_err() {
+            spec = None;
+        }
+        // Fast callers are answered now, from the speculative state, while the lease holds
+        // (a leader cut off from its majority stops answering early within a lease).
+        if let (Some(results), true, Ok(_)) = (guessed, lease, &submitted) {
+            let mut it = results.into_iter();
+            for ((n, fast), reply) in lengths.iter().zip(&early).zip(replies.iter_mut()) {
+                let part: Vec<Applied> = it.by_ref().take(*n).collect();
+                if *fast {
+                    if let Some(r) = reply.take() {
+                        let _ = r.send(Ok(part));
+                    }
+                }
+            }
+        }
+        let failed = group.spec_failed.clone();
+        tokio::spawn(async move {
+            let result: Result<Applies, String> = match submitted {
+                Ok(rx) => match rx.await {
+                    Ok(Ok(resp)) => Ok(resp.data),
+                    Ok(Err(e)) => Err(e.to_string()),
+                    Err(_) => Err("raft dropped the entry".into()),
+                },
+                Err(e) => Err(e.to_string()),
+            };
+            drop(permit);
+            match result {
+                Ok(Applies(applied)) => {
+                    let mut it = applied.into_iter();
+                    for (n, reply) in lengths.into_iter().zip(replies) {
+                        let part: Vec<Applied> = it.by_ref().take(n).collect();
+                        if let Some(r) = reply {
+                            let _ = r.send(Ok(part));
+                        }
+                    }
+                }
+                Err(why) => {
+                    // The speculative state assumed this entry: it is no longer the log's.
+                    failed.store(true, Ordering::SeqCst);
+                    for reply in replies.into_iter().flatten() {
+                        let _ = reply.send(Err(why.clone()));
+                    }
+                }
+            }
+        });
+        if group.spec_failed.swap(false, Ordering::SeqCst) {
+            spec = None;
+        }
+    }
+}
+
+/// Takes waiting callers from the lane, up to about `max` commands (at least one caller).
+fn take(proposer: &Proposer, max: usize) -> Vec<Pending> {
+    let mut lane = lock(&proposer.lane);
+    if lane.is_empty() {
+        return Vec::new();
+    }
+    let mut count = 0;
+    let mut split = 0;
+    for p in lane.iter() {
+        if split > 0 && count + p.commands.len() > max {
+            break;
+        }
+        count += p.commands.len();
+        split += 1;
+    }
+    let rest = lane.split_off(split);
+    let taken = std::mem::replace(&mut *lane, rest);
+    proposer.queued.fetch_sub(count as u64, Ordering::Relaxed);
+    taken
+}
+
+/// Spreads leadership: every few seconds, a node that does not lead a group it prefers
+/// (group g prefers the member at position g mod members), while that group has a leader
+/// and this node's log has caught up, calls an election for it. With every node doing this
+/// the leaders settle one per preferred node, also after a node returns.
+async fn rebalance_loop(cluster: std::sync::Weak<Cluster>) {
+    let mut tick = tokio::time::interval(Duration::from_secs(3));
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    tick.tick().await;
+    loop {
+        tick.tick().await;
+        let Some(c) = cluster.upgrade() else { return };
+        let ids: Vec<NodeId> = c.config.members.keys().copied().collect();
+        let me = c.config.node_id;
+        for g in &c.groups {
+            if ids[g.id as usize % ids.len()] != me {
+                continue;
+            }
+            let (leader, state, caught_up) = {
+                let m = g.raft.metrics();
+                let m = m.borrow();
+                let applied = m.last_applied.map_or(0, |l| l.index);
+                (
+                    m.current_leader,
+                    m.state,
+                    m.last_log_index.unwrap_or(0) <= applied + 8,
+                )
+            };
+            if state == ServerState::Follower && leader.is_some() && leader != Some(me) && caught_up
+            {
+                tracing::info!(shard = g.id, from = ?leader, "taking the shard's leadership back (rebalance)");
+                let _ = g.raft.trigger().elect().await;
+                // One group per tick: elections are disruptive.
+                break;
+            }
+        }
+    }
+}

@@ -1,0 +1,232 @@
+//! What nodes say to each other, and openraft's network over the peer transport.
+//!
+//! Every message is one [`PeerRequest`] / [`PeerResponse`] encoded with bincode 2 and carried
+//! as an opaque body by the peer transport (one connection per node pair, all groups
+//! multiplexed on it). Decoding is bounded and never panics: a malformed body is an error.
+
+use super::types::{GroupId, NodeId, TypeConfig};
+use crate::shard::command::{Applied, Command};
+use futures::future::BoxFuture;
+use openraft::error::{InstallSnapshotError, NetworkError, RPCError, RaftError, Unreachable};
+use openraft::network::{RPCOption, RaftNetwork, RaftNetworkFactory};
+use openraft::raft::{
+    AppendEntriesRequest, AppendEntriesResponse, InstallSnapshotRequest, InstallSnapshotResponse,
+    VoteRequest, VoteResponse,
+};
+use openraft::BasicNode;
+use serde::{Deserialize, Serialize};
+use std::sync::Arc;
+use std::time::Duration;
+
+/// A request from one node to another.
+#[derive(Debug, Serialize, Deserialize)]
+pub enum PeerRequest {
+    Append {
+        group: GroupId,
+        rpc: AppendEntriesRequest<TypeConfig>,
+    },
+    Vote {
+        group: GroupId,
+        rpc: VoteRequest<NodeId>,
+    },
+    Snapshot {
+        group: GroupId,
+        rpc: InstallSnapshotRequest<TypeConfig>,
+    },
+    /// Checks forwarded to the node believed to lead `group`.
+    Forward {
+        group: GroupId,
+        commands: Vec<Command>,
+        /// Every command may be answered before it commits (`consistency = "fast"`).
+        fast: bool,
+    },
+}
+
+/// Why a forwarded batch was not decided by the node it was sent to.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, thiserror::Error)]
+pub enum ForwardError {
+    #[error("node is not the leader of this shard (leader: {leader:?})")]
+    NotLeader { leader: Option<NodeId> },
+    #[error("shard unavailable: {0}")]
+    Unavailable(String),
+}
+
+/// The answer to a [`PeerRequest`] of the same kind.
+#[derive(Debug, Serialize, Deserialize)]
+pub enum PeerResponse {
+    Append(Result<AppendEntriesResponse<NodeId>, RaftError<NodeId>>),
+    Vote(Result<VoteResponse<NodeId>, RaftError<NodeId>>),
+    Snapshot(Result<InstallSnapshotResponse<NodeId>, RaftError<NodeId, InstallSnapshotError>>),
+    Forward(Result<Vec<Applied>, ForwardError>),
+    /// The request could not be decoded or names a group this node does not have.
+    Refused(String),
+}
+
+/// Largest message body decoded (a snapshot chunk or a log batch).
+pub const MAX_BODY: usize = 64 << 20;
+
+pub fn encode<T: Serialize>(value: &T) -> Vec<u8> {
+    bincode::serde::encode_to_vec(value, bincode::config::standard())
+        .expect("peer messages always encode")
+}
+
+pub fn decode<T: for<'de> Deserialize<'de>>(bytes: &[u8]) -> Result<T, String> {
+    let (value, used) = bincode::serde::decode_from_slice(
+        bytes,
+        bincode::config::standard().with_limit::<MAX_BODY>(),
+    )
+    .map_err(|e| format!("malformed peer message: {e}"))?;
+    if used != bytes.len() {
+        return Err(format!(
+            "{} trailing bytes in a peer message",
+            bytes.len() - used
+        ));
+    }
+    Ok(value)
+}
+
+/// Why a call to a peer failed.
+#[derive(Debug, Clone, thiserror::Error)]
+pub enum CallError {
+    /// Not connected, refused, or timed out: the peer may be down or cut off.
+    #[error("peer {0} unreachable: {1}")]
+    Unreachable(NodeId, String),
+    /// The peer answered with an error or something undecodable.
+    #[error("peer {0} failed the call: {1}")]
+    Failed(NodeId, String),
+}
+
+/// The peer transport as the Raft layer uses it: a request-response call with a deadline.
+/// Object-safe (a boxed future per call: noise next to a network round trip), so the cluster
+/// holds one `Arc<dyn Transport>` whatever sockets are underneath.
+pub trait Transport: Send + Sync + 'static {
+    fn call(
+        &self,
+        to: NodeId,
+        body: Vec<u8>,
+        timeout: Duration,
+    ) -> BoxFuture<'static, Result<Vec<u8>, CallError>>;
+}
+
+/// The transport as shared by every group.
+pub type SharedTransport = Arc<dyn Transport>;
+
+/// Sends `request` to `to` and decodes its answer.
+pub async fn ask<T: Transport + ?Sized>(
+    transport: &T,
+    to: NodeId,
+    request: &PeerRequest,
+    timeout: Duration,
+) -> Result<PeerResponse, CallError> {
+    let body = transport.call(to, encode(request), timeout).await?;
+    decode(&body).map_err(|e| CallError::Failed(to, e))
+}
+
+/// openraft's network for one group.
+#[derive(Clone)]
+pub struct GroupNetwork {
+    pub group: GroupId,
+    pub transport: SharedTransport,
+}
+
+/// openraft's connection to one peer for one group (no state: the transport multiplexes).
+pub struct GroupLink {
+    group: GroupId,
+    target: NodeId,
+    transport: SharedTransport,
+}
+
+impl RaftNetworkFactory<TypeConfig> for GroupNetwork {
+    type Network = GroupLink;
+
+    async fn new_client(&mut self, target: NodeId, _node: &BasicNode) -> GroupLink {
+        GroupLink {
+            group: self.group,
+            target,
+            transport: self.transport.clone(),
+        }
+    }
+}
+
+fn call_error<E: std::error::Error>(e: CallError) -> RPCError<NodeId, BasicNode, E> {
+    match e {
+        CallError::Unreachable(..) => RPCError::Unreachable(Unreachable::new(&e)),
+        CallError::Failed(..) => RPCError::Network(NetworkError::new(&e)),
+    }
+}
+
+fn unexpected<E: std::error::Error>(
+    target: NodeId,
+    got: PeerResponse,
+) -> RPCError<NodeId, BasicNode, E> {
+    let e = CallError::Failed(target, format!("unexpected answer: {got:?}"));
+    RPCError::Network(NetworkError::new(&e))
+}
+
+impl GroupLink {
+    async fn ask<E: std::error::Error>(
+        &self,
+        request: PeerRequest,
+        option: &RPCOption,
+    ) -> Result<PeerResponse, RPCError<NodeId, BasicNode, E>> {
+        ask(&*self.transport, self.target, &request, option.hard_ttl())
+            .await
+            .map_err(call_error)
+    }
+}
+
+impl RaftNetwork<TypeConfig> for GroupLink {
+    async fn append_entries(
+        &mut self,
+        rpc: AppendEntriesRequest<TypeConfig>,
+        option: RPCOption,
+    ) -> Result<AppendEntriesResponse<NodeId>, RPCError<NodeId, BasicNode, RaftError<NodeId>>> {
+        let group = self.group;
+        match self
+            .ask(PeerRequest::Append { group, rpc }, &option)
+            .await?
+        {
+            PeerResponse::Append(Ok(r)) => Ok(r),
+            PeerResponse::Append(Err(e)) => Err(RPCError::RemoteError(
+                openraft::error::RemoteError::new(self.target, e),
+            )),
+            other => Err(unexpected(self.target, other)),
+        }
+    }
+
+    async fn install_snapshot(
+        &mut self,
+        rpc: InstallSnapshotRequest<TypeConfig>,
+        option: RPCOption,
+    ) -> Result<
+        InstallSnapshotResponse<NodeId>,
+        RPCError<NodeId, BasicNode, RaftError<NodeId, InstallSnapshotError>>,
+    > {
+        let group = self.group;
+        match self
+            .ask(PeerRequest::Snapshot { group, rpc }, &option)
+            .await?
+        {
+            PeerResponse::Snapshot(Ok(r)) => Ok(r),
+            PeerResponse::Snapshot(Err(e)) => Err(RPCError::RemoteError(
+                openraft::error::RemoteError::new(self.target, e),
+            )),
+            other => Err(unexpected(self.target, other)),
+        }
+    }
+
+    async fn vote(
+        &mut self,
+        rpc: VoteRequest<NodeId>,
+        option: RPCOption,
+    ) -> Result<VoteResponse<NodeId>, RPCError<NodeId, BasicNode, RaftError<NodeId>>> {
+        let group = self.group;
+        match self.ask(PeerRequest::Vote { group, rpc }, &option).await? {
+            PeerResponse::Vote(Ok(r)) => Ok(r),
+            PeerResponse::Vote(Err(e)) => Err(RPCError::RemoteError(
+                openraft::error::RemoteError::new(self.target, e),
+            )),
+            other => Err(unexpected(self.target, other)),
+        }
+    }
+}

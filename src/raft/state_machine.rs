@@ -1,0 +1,291 @@
+//! A shard group's state machine: the shard's [`ShardState`] driven by committed batches.
+//!
+//! Every replica applies the same batches in log order with the batch's own time, so every
+//! replica reaches the same state and the same answers (`ShardState::apply` reads no clock).
+//! The leader answers a caller with what ITS apply returned, after the entry committed.
+//!
+//! Durability: the log is the durable record; the state machine lives in memory and is
+//! rebuilt on start from the last snapshot plus the committed log after it. A snapshot is
+//! written to `<dir>/group-<g>.snap` (temp file, fsync, rename, directory fsync) before
+//! openraft is told it exists, because openraft purges the log behind a snapshot.
+//! Snapshot file: `[u32 meta length][meta (bincode)][shard image]`.
+
+use super::types::{Applies, GroupId, NodeId, TypeConfig};
+use crate::shard::state::{Bounds, ShardState};
+use openraft::storage::RaftStateMachine;
+use openraft::{
+    AnyError, BasicNode, EntryPayload, LogId, RaftSnapshotBuilder, Snapshot, SnapshotMeta,
+    StorageError, StorageIOError, StoredMembership,
+};
+use std::io::{Cursor, Write};
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+
+type Membership = StoredMembership<NodeId, BasicNode>;
+type Meta = SnapshotMeta<NodeId, BasicNode>;
+
+/// What a group's readers (status, metrics) see of its state machine without a lock.
+#[derive(Debug, Default)]
+pub struct MachineInfo {
+    pub keys: AtomicU64,
+    /// Shard time of the last applied batch.
+    pub time: AtomicU64,
+    /// Index of the last applied entry (0 before any).
+    pub applied: AtomicU64,
+    pub snapshots: AtomicU64,
+}
+
+/// The last snapshot, as kept in memory and on disk.
+#[derive(Clone)]
+struct Stored {
+    meta: Meta,
+    data: Arc<Vec<u8>>,
+}
+
+pub struct ShardMachine {
+    group: GroupId,
+    state: Arc<Mutex<ShardState>>,
+    bounds: Bounds,
+    last_applied: Option<LogId<NodeId>>,
+    membership: Membership,
+    current: Arc<Mutex<Option<Stored>>>,
+    path: PathBuf,
+    info: Arc<MachineInfo>,
+    /// Snapshots built by this process, to name them uniquely.
+    built: Arc<AtomicU64>,
+}
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+fn sm_read(e: impl ToString) -> StorageError<NodeId> {
+    StorageIOError::read_state_machine(AnyError::error(e.to_string())).into()
+}
+
+fn snap_write(e: impl ToString) -> StorageError<NodeId> {
+    StorageIOError::write_snapshot(None, AnyError::error(e.to_string())).into()
+}
+
+impl ShardMachine {
+    /// Opens group `group`'s state machine, restoring the snapshot in `dir` if there is one.
+    pub fn open(dir: &Path, group: GroupId, bounds: Bounds) -> Result<ShardMachine, String> {
+        std::fs::create_dir_all(dir).map_err(|e| format!("{}: {e}", dir.display()))?;
+        let path = dir.join(format!("group-{group}.snap"));
+        let mut sm = ShardMachine {
+            group,
+            state: Arc::new(Mutex::new(ShardState::new(bounds))),
+            bounds,
+            last_applied: None,
+            membership: Membership::default(),
+            current: Arc::new(Mutex::new(None)),
+            path,
+            info: Arc::new(MachineInfo::default()),
+            built: Arc::new(AtomicU64::new(0)),
+        };
+        match std::fs::read(&sm.path) {
+            Ok(bytes) => {
+                let (meta, image) =
+                    split_snapshot(&bytes).map_err(|e| format!("{}: {e}", sm.path.display()))?;
+                sm.restore(meta, image)
+                    .map_err(|e| format!("{}: {e}", sm.path.display()))?;
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+            Err(e) => return Err(format!("{}: {e}", sm.path.display())),
+        }
+        Ok(sm)
+    }
+
+    /// The shard state (shared, for status and tests).
+    pub fn state(&self) -> Arc<Mutex<ShardState>> {
+        self.state.clone()
+    }
+
+    pub fn info(&self) -> Arc<MachineInfo> {
+        self.info.clone()
+    }
+
+    fn restore(&mut self, meta: Meta, image: &[u8]) -> Result<(), String> {
+        let state = ShardState::from_image(image, self.bounds)?;
+        self.publish(&state, meta.last_log_id);
+        *lock(&self.state) = state;
+        self.last_applied = meta.last_log_id;
+        self.membership = meta.last_membership.clone();
+        *lock(&self.current) = Some(Stored {
+            meta,
+            data: Arc::new(image.to_vec()),
+        });
+        Ok(())
+    }
+
+    fn publish(&self, state: &ShardState, applied: Option<LogId<NodeId>>) {
+        self.info.keys.store(state.len() as u64, Ordering::Relaxed);
+        self.info.time.store(state.time(), Ordering::Relaxed);
+        self.info
+            .applied
+            .store(applied.map_or(0, |l| l.index), Ordering::Relaxed);
+    }
+}
+
+/// Writes `bytes` to `path` durably: a temp file, fsync, rename, directory fsync.
+fn write_durably(path: &Path, parts: &[&[u8]]) -> std::io::Result<()> {
+    let tmp = path.with_extension("snap.tmp");
+    {
+        let mut f = std::fs::File::create(&tmp)?;
+        for p in parts {
+            f.write_all(p)?;
+        }
+        f.sync_all()?;
+    }
+    std::fs::rename(&tmp, path)?;
+    if cfg!(unix) {
+        if let Some(dir) = path.parent() {
+            std::fs::File::open(dir)?.sync_all()?;
+        }
+    }
+    Ok(())
+}
+
+fn encode_meta(meta: &Meta) -> Vec<u8> {
+    bincode::serde::encode_to_vec(meta, bincode::config::standard())
+        .expect("snapshot meta always encodes")
+}
+
+fn split_snapshot(bytes: &[u8]) -> Result<(Meta, &[u8]), String> {
+    let len = bytes
+        .get(..4)
+        .map(|b| u32::from_le_bytes([b[0], b[1], b[2], b[3]]) as usize)
+        .ok_or("snapshot file shorter than its header")?;
+    let meta_bytes = bytes
+        .get(4..4 + len)
+        .ok_or("snapshot file shorter than its meta")?;
+    let (meta, _): (Meta, usize) = bincode::serde::decode_from_slice(
+        meta_bytes,
+        bincode::config::standard().with_limit::<{ 1 << 20 }>(),
+    )
+    .map_err(|e| format!("snapshot meta: {e}"))?;
+    Ok((meta, &bytes[4 + len..]))
+}
+
+fn persist(path: &Path, stored: &Stored) -> std::io::Result<()> {
+    let meta = encode_meta(&stored.meta);
+    let len = (meta.len() as u32).to_le_bytes();
+    write_durably(path, &[&len, &meta, &stored.data])
+}
+
+pub struct ShardSnapshotBuilder {
+    stored: Stored,
+    path: PathBuf,
+    current: Arc<Mutex<Option<Stored>>>,
+    info: Arc<MachineInfo>,
+}
+
+impl RaftSnapshotBuilder<TypeConfig> for ShardSnapshotBuilder {
+    async fn build_snapshot(&mut self) -> Result<Snapshot<TypeConfig>, StorageError<NodeId>> {
+        let stored = self.stored.clone();
+        let path = self.path.clone();
+        let to_disk = stored.clone();
+        tokio::task::spawn_blocking(move || persist(&path, &to_disk))
+            .await
+            .map_err(snap_write)?
+            .map_err(snap_write)?;
+        *lock(&self.current) = Some(stored.clone());
+        self.info.snapshots.fetch_add(1, Ordering::Relaxed);
+        Ok(Snapshot {
+            meta: stored.meta,
+            snapshot: Box::new(Cursor::new(stored.data.to_vec())),
+        })
+    }
+}
+
+impl RaftStateMachine<TypeConfig> for ShardMachine {
+    type SnapshotBuilder = ShardSnapshotBuilder;
+
+    async fn applied_state(
+        &mut self,
+    ) -> Result<(Option<LogId<NodeId>>, Membership), StorageError<NodeId>> {
+        Ok((self.last_applied, self.membership.clone()))
+    }
+
+    async fn apply<I>(&mut self, entries: I) -> Result<Vec<Applies>, StorageError<NodeId>>
+    where
+        I: IntoIterator<Item = openraft::Entry<TypeConfig>> + Send,
+        I::IntoIter: Send,
+    {
+        let mut out = Vec::new();
+        let mut state = lock(&self.state);
+        for entry in entries {
+            self.last_applied = Some(entry.log_id);
+            match entry.payload {
+                EntryPayload::Blank => out.push(Applies::default()),
+                EntryPayload::Normal(batch) => out.push(Applies(state.apply(&batch))),
+                EntryPayload::Membership(m) => {
+                    self.membership = StoredMembership::new(Some(entry.log_id), m);
+                    out.push(Applies::default());
+                }
+            }
+        }
+        self.publish(&state, self.last_applied);
+        Ok(out)
+    }
+
+    async fn get_snapshot_builder(&mut self) -> ShardSnapshotBuilder {
+        // Encode now, between applies, so the image matches `last_applied` exactly.
+        let data = lock(&self.state).image();
+        let n = self.built.fetch_add(1, Ordering::Relaxed);
+        let snapshot_id = match self.last_applied {
+            Some(l) => format!("g{}-t{}-i{}-{n}", self.group, l.leader_id.term, l.index),
+            None => format!("g{}-empty-{n}", self.group),
+        };
+        ShardSnapshotBuilder {
+            stored: Stored {
+                meta: SnapshotMeta {
+                    last_log_id: self.last_applied,
+                    last_membership: self.membership.clone(),
+                    snapshot_id,
+                },
+                data: Arc::new(data),
+            },
+            path: self.path.clone(),
+            current: self.current.clone(),
+            info: self.info.clone(),
+        }
+    }
+
+    async fn begin_receiving_snapshot(
+        &mut self,
+    ) -> Result<Box<Cursor<Vec<u8>>>, StorageError<NodeId>> {
+        Ok(Box::new(Cursor::new(Vec::new())))
+    }
+
+    async fn install_snapshot(
+        &mut self,
+        meta: &Meta,
+        snapshot: Box<Cursor<Vec<u8>>>,
+    ) -> Result<(), StorageError<NodeId>> {
+        let data = snapshot.into_inner();
+        let stored = Stored {
+            meta: meta.clone(),
+            data: Arc::new(data),
+        };
+        // On disk first: once installed, openraft may purge the log it replaces.
+        let path = self.path.clone();
+        let to_disk = stored.clone();
+        tokio::task::spawn_blocking(move || persist(&path, &to_disk))
+            .await
+            .map_err(snap_write)?
+            .map_err(snap_write)?;
+        self.restore(meta.clone(), &stored.data).map_err(sm_read)?;
+        Ok(())
+    }
+
+    async fn get_current_snapshot(
+        &mut self,
+    ) -> Result<Option<Snapshot<TypeConfig>>, StorageError<NodeId>> {
+        Ok(lock(&self.current).clone().map(|s| Snapshot {
+            meta: s.meta,
+            snapshot: Box::new(Cursor::new(s.data.to_vec())),
+        }))
+    }
+}

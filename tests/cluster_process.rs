@@ -1,0 +1,311 @@
+//! The cluster as users run it: three real `quorate node` processes on loopback, each shard
+//! replicated by Raft through the nodes' write-ahead logs, faults injected with signals.
+//!
+//! Counting follows Jepsen's counter check: a limit far above the load, so every admission
+//! is visible as consumption; after the fault, what the cluster consumed must be at least
+//! every admission a client was told of (none forgotten) and at most those plus the calls
+//! whose outcome the client never learned (nothing invented).
+
+#[path = "support/cluster.rs"]
+mod cluster_support;
+
+use cluster_support::{Cluster, SIGCONT, SIGSTOP};
+use quorate::client::{Client, ClientConfig};
+use quorate::shard::route::shard_of;
+use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+const BIG: u64 = 1_000_000;
+
+fn policies() -> String {
+    format!(
+        r#"
+[limits.count]
+algorithm = "fixed_window"
+limit = {BIG}
+period = "1h"
+
+[limits.small]
+algorithm = "fixed_window"
+limit = 40
+period = "1h"
+
+[limits.log]
+algorithm = "sliding_log"
+limit = 10
+period = "1h"
+"#
+    )
+}
+
+fn client(addr: std::net::SocketAddr) -> Client {
+    Client::with_connector(
+        addr,
+        quorate::net::tcp::TcpConnector,
+        ClientConfig {
+            connections: 2,
+            timeout: Duration::from_secs(5),
+            jitter_seed: 7,
+        },
+    )
+}
+
+fn blocking<T>(f: impl FnOnce() -> T) -> T {
+    tokio::task::block_in_place(f)
+}
+
+/// The shard of `key` under limit `limit` (default key prefix "LIMIT:"), of 16.
+fn shard(limit: &str, key: &str) -> u64 {
+    shard_of(&format!("{limit}:{key}"), 16) as u64
+}
+
+async fn remaining(c: &Client, limit: &str, key: &str) -> u64 {
+    for _ in 0..50 {
+        if let Ok(a) = c.peek(limit, key).await {
+            return a.items[0].remaining;
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    panic!("no peek answer for {limit}/{key}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_node_answers_and_the_limit_holds_across_them() {
+    let cluster = blocking(|| Cluster::start(3, &policies(), &[]));
+    let clients: Vec<Client> = cluster.members.iter().map(|m| client(m.resp)).collect();
+    // 40 allowed in all, whichever node is asked.
+    let mut admitted = 0;
+    for i in 0..90 {
+        let a = clients[i % 3]
+            .check(&[("small", "shared", 1)], None)
+            .await
+            .unwrap();
+        admitted += a.allowed as u64;
+    }
+    assert_eq!(admitted, 40);
+    for c in &clients {
+        assert_eq!(remaining(c, "small", "shared").await, 0);
+    }
+    // Every node sees the same leader for every shard, and every member leads some.
+    let views: Vec<_> = (0..3).map(|i| blocking(|| cluster.leaders(i))).collect();
+    assert_eq!(views[0].len(), 16);
+    assert!(views[0].iter().all(Option::is_some));
+    assert_eq!(views[0], views[1]);
+    assert_eq!(views[1], views[2]);
+}
+
+/// Load from 6 clients (2 per node) over 48 keys; returns (acknowledged, unknown) per key.
+struct Load {
+    acked: Mutex<BTreeMap<String, u64>>,
+    unknown: Mutex<BTreeMap<String, u64>>,
+    stop: AtomicBool,
+}
+
+async fn drive(load: Arc<Load>, c: Client, worker: usize) {
+    let mut n = worker;
+    while !load.stop.load(Ordering::Relaxed) {
+        let key = format!("k{}", n % 48);
+        n += 7;
+        match c.check(&[("count", &key, 1)], None).await {
+            Ok(a) if a.allowed => *load.acked.lock().unwrap().entry(key).or_default() += 1,
+            // Under a limit of BIG a denial is the `on_unavailable = "deny"` answer: the check
+            // may or may not have reached the log (a forward that timed out), so its outcome is
+            // unknown to the client, like an error.
+            Ok(_) | Err(_) => {
+                *load.unknown.lock().unwrap().entry(key).or_default() += 1;
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn kill_9_of_a_leader_under_load_forgets_no_acknowledged_admission() {
+    let mut cluster = blocking(|| Cluster::start(3, &policies(), &[]));
+    let load = Arc::new(Load {
+        acked: Mutex::default(),
+        unknown: Mutex::default(),
+        stop: AtomicBool::new(false),
+    });
+    let mut tasks = Vec::new();
+    for w in 0..6 {
+        let c = client(cluster.members[w % 3].resp);
+        tasks.push(tokio::spawn(drive(load.clone(), c, w)));
+    }
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    // The victim: the member leading shard of key k0 as node 1 sees it.
+    let victim_id = blocking(|| cluster.leader_of(0, shard("count", "k0"))).unwrap();
+    let victim = (victim_id - 1) as usize;
+    let killed_at = Instant::now();
+    blocking(|| cluster.kill9(victim));
+    // The shard serves again within a bounded time, through a survivor.
+    let survivor = client(cluster.members[(victim + 1) % 3].resp);
+    let recovered = loop {
+        if let Ok(a) = survivor.check(&[("count", "k0", 0)], None).await {
+            if a.allowed {
+                break killed_at.elapsed();
+            }
+        }
+        assert!(
+            killed_at.elapsed() < Duration::from_secs(10),
+            "no leader 10 s after kill -9"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    load.stop.store(true, Ordering::Relaxed);
+    for t in tasks {
+        t.await.unwrap();
+    }
+    let acked = load.acked.lock().unwrap().clone();
+    let unknown = load.unknown.lock().unwrap().clone();
+    let total: u64 = acked.values().sum();
+    assert!(total > 500, "too little load to mean anything: {total}");
+    for k in 0..48 {
+        let key = format!("k{k}");
+        let consumed = BIG - remaining(&survivor, "count", &key).await;
+        let a = acked.get(&key).copied().unwrap_or(0);
+        let u = unknown.get(&key).copied().unwrap_or(0);
+        assert!(
+            consumed >= a,
+            "{key}: {a} admissions acknowledged, only {consumed} consumed"
+        );
+        assert!(
+            consumed <= a + u,
+            "{key}: consumed {consumed} > acked {a} + unknown {u}"
+        );
+    }
+    eprintln!(
+        "kill -9 of node {victim_id}: {total} acknowledged admissions kept; shard served again after {recovered:?}"
+    );
+    // The victim comes back and catches up: it answers the same remaining.
+    blocking(|| {
+        cluster.spawn(victim);
+        cluster.wait_ready(Duration::from_secs(30));
+    });
+    let back = client(cluster.members[victim].resp);
+    for k in [0, 17, 33] {
+        let key = format!("k{k}");
+        assert_eq!(
+            remaining(&back, "count", &key).await,
+            remaining(&survivor, "count", &key).await
+        );
+    }
+}
+
+/// Spends on 20 keys, kills every node with SIGKILL, restarts them all and compares.
+async fn restart_all(extra: &[&str]) -> Vec<(u64, u64)> {
+    let mut cluster = blocking(|| Cluster::start(3, &policies(), extra));
+    let clients: Vec<Client> = cluster.members.iter().map(|m| client(m.resp)).collect();
+    for k in 0..20u64 {
+        let key = format!("r{k}");
+        for _ in 0..(k % 7) {
+            let a = clients[(k % 3) as usize]
+                .check(&[("log", &key, 1)], None)
+                .await
+                .unwrap();
+            assert!(a.allowed);
+        }
+    }
+    let mut before = Vec::new();
+    for k in 0..20 {
+        before.push(remaining(&clients[0], "log", &format!("r{k}")).await);
+    }
+    blocking(|| {
+        for i in 0..3 {
+            cluster.kill9(i);
+        }
+        for i in 0..3 {
+            cluster.spawn(i);
+        }
+        cluster.wait_ready(Duration::from_secs(30));
+    });
+    let clients: Vec<Client> = cluster.members.iter().map(|m| client(m.resp)).collect();
+    let mut pairs = Vec::new();
+    for (k, b) in before.into_iter().enumerate() {
+        let after = remaining(&clients[k % 3], "log", &format!("r{k}")).await;
+        pairs.push((b, after));
+    }
+    pairs
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn kill_9_of_all_three_and_restart_keeps_every_allowance() {
+    let pairs = restart_all(&[]).await;
+    for (k, (before, after)) in pairs.iter().enumerate() {
+        assert_eq!(
+            before, after,
+            "key r{k}: remaining {before} before the restart, {after} after"
+        );
+    }
+    assert!(pairs.iter().any(|(b, _)| *b < 10), "nothing was spent");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn negative_control_without_fsync_a_full_crash_forgets_admissions() {
+    // --unsafe-no-fsync acknowledges log writes before they reach the file (as a volatile
+    // disk cache would): the same crash must now lose spent allowances. If this test
+    // starts failing, the durability test above can no longer tell fsync from no fsync.
+    let pairs = restart_all(&["--unsafe-no-fsync", "true"]).await;
+    let lost = pairs.iter().filter(|(b, a)| a > b).count();
+    assert!(
+        lost > 0,
+        "no allowance came back after a crash without fsync: {pairs:?}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_paused_leader_admits_nothing_once_deposed() {
+    let cluster = blocking(|| Cluster::start(3, &policies(), &[]));
+    let key = "paused";
+    let victim_id = blocking(|| cluster.leader_of(0, shard("small", key))).unwrap();
+    let victim = (victim_id - 1) as usize;
+    let others: Vec<Client> = (0..3)
+        .filter(|&i| i != victim)
+        .map(|i| client(cluster.members[i].resp))
+        .collect();
+    let paused_client = client(cluster.members[victim].resp);
+    // 10 admitted before the pause.
+    for _ in 0..10 {
+        assert!(
+            paused_client
+                .check(&[("small", key, 1)], None)
+                .await
+                .unwrap()
+                .allowed
+        );
+    }
+    blocking(|| cluster.signal(victim, SIGSTOP));
+    // Well beyond the election timeout: the others elect a new leader and admit the rest.
+    let started = Instant::now();
+    let mut admitted = 10;
+    while admitted < 40 {
+        if let Ok(a) = others[admitted as usize % 2]
+            .check(&[("small", key, 1)], None)
+            .await
+        {
+            admitted += a.allowed as u64;
+        }
+        assert!(started.elapsed() < Duration::from_secs(15), "no new leader");
+    }
+    // The old leader wakes up: whatever it is asked, nothing more is admitted anywhere.
+    blocking(|| cluster.signal(victim, SIGCONT));
+    let mut extra = 0;
+    for i in 0..30 {
+        let c = if i % 3 == 0 {
+            &others[0]
+        } else {
+            &paused_client
+        };
+        if let Ok(a) = c.check(&[("small", key, 1)], None).await {
+            extra += a.allowed as u64;
+        }
+    }
+    assert_eq!(
+        extra, 0,
+        "{extra} admitted beyond the limit of 40 after the pause"
+    );
+    assert_eq!(remaining(&paused_client, "small", key).await, 0);
+}
