@@ -94,6 +94,7 @@ pub async fn start<P: Listener, C: Connector>(
         .await
         .map_err(io::Error::other)??;
     log.set_unsafe_ack_before_durable(!settings.wal_sync);
+    let log_stats = log.wal().clone();
 
     let mut peer_config = PeerConfig::new(settings.node_id, settings.secret.clone().into_bytes());
     peer_config.members = Some(settings.members.keys().copied().collect::<Vec<_>>().into());
@@ -125,6 +126,23 @@ pub async fn start<P: Listener, C: Connector>(
     .await
     .map_err(io::Error::other)?;
 
+    // Metrics: the WAL's fsync economy and every group's Raft state, once a second.
+    let wal = log_stats.clone();
+    let watched = Arc::downgrade(&cluster);
+    let metrics_task = metrics.clone();
+    tokio::spawn(async move {
+        let mut tick = tokio::time::interval(Duration::from_secs(1));
+        loop {
+            tick.tick().await;
+            let Some(cluster) = watched.upgrade() else {
+                return;
+            };
+            let (appends, syncs) = wal.stats();
+            metrics_task.wal_appends.set(appends as i64);
+            metrics_task.wal_syncs.set(syncs as i64);
+            cluster.publish_metrics();
+        }
+    });
     let handled = cluster.clone();
     let handler: crate::peer::Handler = Arc::new(move |_from, body| {
         let cluster = handled.clone();

@@ -1,8 +1,8 @@
 //! Prometheus metrics of a node, rendered at `GET /metrics`.
 
 use prometheus::{
-    Encoder, HistogramOpts, HistogramVec, IntCounter, IntCounterVec, IntGaugeVec, Opts, Registry,
-    TextEncoder,
+    Encoder, HistogramOpts, HistogramVec, IntCounter, IntCounterVec, IntGauge, IntGaugeVec, Opts,
+    Registry, TextEncoder,
 };
 
 /// Every metric the node exports. Cheap to clone (handles share the same series).
@@ -34,6 +34,18 @@ pub struct Metrics {
     /// Checks answered by `on_unavailable` because their shard had no leader or quorum, by
     /// answer (`deny`, `allow`, `local`).
     pub unavailable: IntCounterVec,
+    /// Cluster members only (refreshed every second):
+    /// WAL submissions made durable, and the fsyncs that covered them.
+    pub wal_appends: IntGauge,
+    pub wal_syncs: IntGauge,
+    /// Per shard: the Raft term, 1 if this node leads it, the last applied log index, and
+    /// the log entries this node proposed as its leader.
+    pub raft_term: IntGaugeVec,
+    pub raft_leader: IntGaugeVec,
+    pub raft_applied: IntGaugeVec,
+    pub raft_entries_proposed: IntGaugeVec,
+    /// Per shard, leader only: log entries the furthest follower is behind.
+    pub raft_follower_lag: IntGaugeVec,
 }
 
 impl Metrics {
@@ -48,6 +60,13 @@ impl Metrics {
         };
         let gauge_vec = |name: &str, help: &str, labels: &[&str]| {
             let g = IntGaugeVec::new(Opts::new(name, help), labels).expect("valid metric");
+            registry
+                .register(Box::new(g.clone()))
+                .expect("unique metric");
+            g
+        };
+        let gauge = |name: &str, help: &str| {
+            let g = IntGauge::new(name, help).expect("valid metric");
             registry
                 .register(Box::new(g.clone()))
                 .expect("unique metric");
@@ -119,6 +138,35 @@ impl Metrics {
                 "quorate_unavailable_answers_total",
                 "Checks answered by on_unavailable (no leader or no quorum), by answer",
                 &["answer"],
+            ),
+            wal_appends: gauge(
+                "quorate_wal_appends",
+                "Write-ahead log submissions made durable since start",
+            ),
+            wal_syncs: gauge(
+                "quorate_wal_syncs",
+                "fdatasync calls of the write-ahead log since start (group commit: far fewer than appends)",
+            ),
+            raft_term: gauge_vec("quorate_raft_term", "Raft term per shard", &["shard"]),
+            raft_leader: gauge_vec(
+                "quorate_raft_is_leader",
+                "1 if this node leads the shard's Raft group",
+                &["shard"],
+            ),
+            raft_applied: gauge_vec(
+                "quorate_raft_applied_index",
+                "Last log index applied to the shard's state",
+                &["shard"],
+            ),
+            raft_entries_proposed: gauge_vec(
+                "quorate_raft_entries_proposed",
+                "Log entries (decision batches) this node proposed as the shard's leader since start",
+                &["shard"],
+            ),
+            raft_follower_lag: gauge_vec(
+                "quorate_raft_follower_lag_entries",
+                "Leader only: entries the furthest follower is behind",
+                &["shard"],
             ),
             registry,
         }

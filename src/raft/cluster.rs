@@ -544,6 +544,35 @@ impl Cluster {
             .collect()
     }
 
+    /// Copies every group's Raft state into the metrics (called every second).
+    pub fn publish_metrics(&self) {
+        for g in self.status() {
+            let shard = g.shard.to_string();
+            let l = [shard.as_str()];
+            self.metrics
+                .raft_term
+                .with_label_values(&l)
+                .set(g.term as i64);
+            self.metrics
+                .raft_leader
+                .with_label_values(&l)
+                .set((g.leader == Some(self.config.node_id)) as i64);
+            self.metrics
+                .raft_applied
+                .with_label_values(&l)
+                .set(g.applied_index as i64);
+            self.metrics
+                .raft_entries_proposed
+                .with_label_values(&l)
+                .set(g.entries_proposed as i64);
+            self.metrics
+                .raft_follower_lag
+                .with_label_values(&l)
+                .set(g.lag.values().copied().max().unwrap_or(0) as i64);
+            self.metrics.keys.with_label_values(&l).set(g.keys as i64);
+        }
+    }
+
     /// Stops every group's Raft node.
     pub async fn shutdown(&self) {
         for g in &self.groups {
