@@ -138,6 +138,8 @@ struct Group {
     info_state: Arc<Mutex<ShardState>>,
     /// Set when an entry the speculative state assumed did not commit.
     spec_failed: Arc<std::sync::atomic::AtomicBool>,
+    /// Monotonic time at which the last committed entry was submitted (0: none yet).
+    lease_from: Arc<AtomicU64>,
 }
 
 /// Per-group numbers for `/v1/admin/status` and `quorate status`.
@@ -232,6 +234,7 @@ impl Cluster {
                 proposed: AtomicU64::new(0),
                 info_state,
                 spec_failed: Arc::default(),
+                lease_from: Arc::default(),
             }));
         }
         let cluster = Arc::new(Cluster {
@@ -381,9 +384,12 @@ impl Cluster {
             return Err(ForwardError::Unavailable("proposer queue full".into()));
         }
         let (reply, answer) = oneshot::channel();
+        // Strict callers wait for the commit; fast ones may be answered from the leader's
+        // speculative state (see `propose_loop`).
+        let answer_early = fast;
         lock(&group.proposer.lane).push(Pending {
             commands,
-            fast,
+            fast: answer_early,
             reply,
         });
         group.proposer.wake.notify_one();
@@ -610,7 +616,10 @@ async fn propose_loop(cluster: Arc<Cluster>, group: Arc<Group>) {
     let mut time: Option<(u64, ShardTime)> = None;
     let mut spec: Option<Speculative> = None;
     let pipeline = cluster.config.pipeline.max(1);
-    let lease_ms = cluster.config.election_min.as_millis() as u64;
+    // The lease: a majority acknowledged an entry submitted at `lease_from`, so no other
+    // leader can be elected before `lease_from + election_min` (followers do not vote while
+    // they hear from a leader). 80% of that, for clock-rate differences between nodes.
+    let lease_ns = (cluster.config.election_min.as_nanos() as u64).saturating_mul(8) / 10;
     loop {
         let permit = match group.proposer.inflight.clone().acquire_owned().await {
             Ok(p) => p,
@@ -626,12 +635,14 @@ async fn propose_loop(cluster: Arc<Cluster>, group: Arc<Group>) {
                 return;
             }
         };
-        let (term, is_leader, lease) = {
+        let (term, is_leader) = {
             let m = group.raft.metrics();
             let m = m.borrow();
-            let lease = m.millis_since_quorum_ack.is_some_and(|ms| ms < lease_ms);
-            (m.current_term, m.state == ServerState::Leader, lease)
+            (m.current_term, m.state == ServerState::Leader)
         };
+        let submitted_at = cluster.clock.monotonic();
+        let lease_from = group.lease_from.load(Ordering::SeqCst);
+        let lease = lease_from > 0 && submitted_at.saturating_sub(lease_from) < lease_ns;
         if !is_leader {
             spec = None;
             for p in pending {
@@ -693,6 +704,7 @@ async fn propose_loop(cluster: Arc<Cluster>, group: Arc<Group>) {
             }
         }
         let failed = group.spec_failed.clone();
+        let lease_from = group.lease_from.clone();
         tokio::spawn(async move {
             let result: Result<Applies, String> = match submitted {
                 Ok(rx) => match rx.await {
@@ -705,6 +717,7 @@ async fn propose_loop(cluster: Arc<Cluster>, group: Arc<Group>) {
             drop(permit);
             match result {
                 Ok(Applies(applied)) => {
+                    lease_from.fetch_max(submitted_at, Ordering::SeqCst);
                     let mut it = applied.into_iter();
                     for (n, reply) in lengths.into_iter().zip(replies) {
                         let part: Vec<Applied> = it.by_ref().take(n).collect();
