@@ -66,6 +66,9 @@ pub struct ClusterSettings {
     pub write_timeout: Duration,
     /// Most commands per log entry.
     pub batch_max: usize,
+    /// Joining an existing cluster: do not bootstrap the groups; wait to be added through
+    /// the admin API of a member.
+    pub join: bool,
 }
 
 /// Reads a duration setting: (name, value, default) -> the duration or what to fix.
@@ -202,9 +205,13 @@ pub struct NodeOptions {
     /// Longest wait for a decision to commit on a majority [default: 2s].
     #[arg(long, env = "QUORATE_WRITE_TIMEOUT")]
     pub write_timeout: Option<String>,
-    /// Most decisions in one Raft log entry [default: 4096].
+    /// Most decisions in one Raft log entry [default: 1024].
     #[arg(long, env = "QUORATE_BATCH_MAX")]
     pub batch_max: Option<usize>,
+    /// Join a running cluster instead of bootstrapping one: start with an empty data dir,
+    /// then add this node with `POST /v1/admin/members` on any member.
+    #[arg(long, env = "QUORATE_JOIN", num_args = 0..=1, default_missing_value = "true")]
+    pub join: Option<bool>,
     /// TEST ONLY, UNSAFE: skip fsync of the write-ahead log (acknowledged decisions can be
     /// lost on a crash). The durability tests' negative control.
     #[arg(long, env = "QUORATE_UNSAFE_NO_FSYNC", hide = true)]
@@ -248,6 +255,7 @@ impl NodeOptions {
             write_timeout: self.write_timeout.or(fallback.write_timeout),
             batch_max: self.batch_max.or(fallback.batch_max),
             unsafe_no_fsync: self.unsafe_no_fsync.or(fallback.unsafe_no_fsync),
+            join: self.join.or(fallback.join),
         }
     }
 
@@ -308,7 +316,8 @@ impl NodeOptions {
                 Duration::from_millis(500),
             )?,
             write_timeout: duration("write_timeout", &self.write_timeout, Duration::from_secs(2))?,
-            batch_max: self.batch_max.unwrap_or(4096).max(1),
+            batch_max: self.batch_max.unwrap_or(1024).max(1),
+            join: self.join.unwrap_or(false),
         }))
     }
 

@@ -25,6 +25,17 @@ use tokio::task::JoinHandle;
 struct PeerTransport<C: Connector>(Peers<C>);
 
 impl<C: Connector> Transport for PeerTransport<C> {
+    fn learn(&self, id: NodeId, addr: &str) {
+        match addr.parse::<SocketAddr>() {
+            Ok(a) => self.0.set_peer(id, a),
+            Err(_) => tracing::warn!(
+                peer = id,
+                addr,
+                "peer address is not IP:PORT; cannot reach it"
+            ),
+        }
+    }
+
     fn call(
         &self,
         to: NodeId,
@@ -97,7 +108,10 @@ pub async fn start<P: Listener, C: Connector>(
     let log_stats = log.wal().clone();
 
     let mut peer_config = PeerConfig::new(settings.node_id, settings.secret.clone().into_bytes());
-    peer_config.members = Some(settings.members.keys().copied().collect::<Vec<_>>().into());
+    // Any node proving the cluster secret may connect: members are added at runtime, and
+    // the Raft membership (not this list) decides who votes. Rotate the secret to shut out
+    // a removed node that still has it.
+    peer_config.members = None;
     let nonces = Nonces::from_seed(seed);
     let peers =
         Peers::new(peer_config.clone(), connector, addrs, nonces.clone()).map_err(invalid)?;
@@ -114,6 +128,7 @@ pub async fn start<P: Listener, C: Connector>(
     cluster_config.write_timeout = settings.write_timeout;
     cluster_config.forward_timeout = settings.write_timeout;
     cluster_config.batch_max = settings.batch_max;
+    cluster_config.join = settings.join;
     let bounds = Service::bounds(&config);
     let cluster = Cluster::start(
         cluster_config,

@@ -9,7 +9,7 @@
 #[path = "support/cluster.rs"]
 mod cluster_support;
 
-use cluster_support::{Cluster, SIGCONT, SIGSTOP};
+use cluster_support::{http_within, Cluster, SIGCONT, SIGSTOP};
 use quorate::client::{Client, ClientConfig};
 use quorate::shard::route::shard_of;
 use std::collections::BTreeMap;
@@ -378,4 +378,96 @@ async fn a_paused_strict_leader_admits_nothing_once_deposed() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_paused_fast_leader_admits_nothing_once_its_lease_lapsed() {
     paused_leader("fastsmall").await;
+}
+
+fn voters(cluster: &Cluster, i: usize) -> Vec<Vec<u64>> {
+    cluster.status(i)["cluster"]["groups"]
+        .as_array()
+        .map(|gs| {
+            gs.iter()
+                .map(|g| {
+                    g["voters"]
+                        .as_array()
+                        .map(|v| v.iter().filter_map(|x| x.as_u64()).collect())
+                        .unwrap_or_default()
+                })
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+fn change(cluster: &Cluster, via: usize, body: &str) -> String {
+    http_within(
+        cluster.members[via].http,
+        "POST",
+        "/v1/admin/members",
+        body,
+        Duration::from_secs(120),
+    )
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_node_added_at_runtime_serves_and_a_removed_node_leaves() {
+    let mut cluster = blocking(|| Cluster::start(3, &policies(), &[]));
+    let first = client(cluster.members[0].resp);
+    for _ in 0..10 {
+        assert!(
+            first
+                .check(&[("small", "m", 1)], None)
+                .await
+                .unwrap()
+                .allowed
+        );
+    }
+    // Node 4 joins: started with --join, then added through any member's admin API.
+    let four = blocking(|| cluster.spawn_joining());
+    let peer4 = cluster.members[four].peer;
+    let answer = blocking(|| {
+        change(
+            &cluster,
+            1,
+            &format!(r#"{{"add": {{"id": 4, "addr": "{peer4}"}}}}"#),
+        )
+    });
+    assert!(answer.starts_with("HTTP/1.1 200"), "{answer}");
+    blocking(|| cluster.wait_ready(Duration::from_secs(30)));
+    let all = voters(&cluster, four);
+    assert_eq!(all.len(), 16);
+    assert!(all.iter().all(|v| v == &vec![1, 2, 3, 4]), "{all:?}");
+    let c4 = client(cluster.members[four].resp);
+    assert_eq!(remaining(&c4, "small", "m").await, 30);
+
+    // Ids are never reused, and bad requests change nothing.
+    for (body, why) in [
+        (
+            r#"{"add": {"id": 2, "addr": "127.0.0.1:1"}}"#,
+            "already a member",
+        ),
+        (r#"{"add": {"id": 3, "addr": "127.0.0.1:1"}}"#, "new id"),
+        (r#"{"add": {"id": 9, "addr": "nowhere"}}"#, "IP:PORT"),
+        (r#"{"remove": {"id": 7}}"#, "not a member"),
+        (r#"{"add": {"id": 9}}"#, "missing field"),
+    ] {
+        let r = blocking(|| change(&cluster, 0, body));
+        assert!(r.starts_with("HTTP/1.1 400"), "{body}: {r}");
+        assert!(r.contains(why), "{body}: {r}");
+    }
+
+    // Node 1 leaves; the other three keep deciding, and the limit still holds.
+    let answer = blocking(|| change(&cluster, 2, r#"{"remove": {"id": 1}}"#));
+    assert!(answer.starts_with("HTTP/1.1 200"), "{answer}");
+    let after = blocking(|| voters(&cluster, 2));
+    assert!(after.iter().all(|v| v == &vec![2, 3, 4]), "{after:?}");
+    blocking(|| cluster.stop(0));
+    let removed_again =
+        blocking(|| change(&cluster, 1, r#"{"add": {"id": 1, "addr": "127.0.0.1:1"}}"#));
+    assert!(removed_again.contains("not fresh"), "{removed_again}");
+    let rest: Vec<Client> = (1..4).map(|i| client(cluster.members[i].resp)).collect();
+    let mut admitted = 0;
+    for i in 0..60 {
+        if let Ok(a) = rest[i % 3].check(&[("small", "m", 1)], None).await {
+            admitted += a.allowed as u64;
+        }
+    }
+    assert_eq!(admitted, 30);
 }

@@ -20,7 +20,7 @@
 //! leader continues the log's time and its wall clock is never read. Apply takes
 //! `max(batch time, state time)`, so an old batch stamped lower cannot turn time back.
 
-use super::rpc::{ask, ForwardError, PeerRequest, PeerResponse, Transport};
+use super::rpc::{ask, ForwardError, MemberChange, PeerRequest, PeerResponse, Transport};
 use super::state_machine::{MachineInfo, ShardMachine};
 use super::types::{Applies, GroupId, NodeId, TypeConfig};
 use crate::clock::{ShardTime, SharedClock};
@@ -64,6 +64,8 @@ pub struct ClusterConfig {
     pub pipeline: usize,
     /// A snapshot is taken after this many entries since the last.
     pub snapshot_every: u64,
+    /// Joining a running cluster: never bootstrap the groups (a member adds this node).
+    pub join: bool,
 }
 
 impl ClusterConfig {
@@ -82,6 +84,7 @@ impl ClusterConfig {
             batch_max: 4096,
             pipeline: 4,
             snapshot_every: 20_000,
+            join: false,
         }
     }
 
@@ -148,6 +151,8 @@ pub struct GroupStatus {
     pub shard: GroupId,
     pub state: String,
     pub leader: Option<NodeId>,
+    /// The group's voters, as this node last saw its membership.
+    pub voters: Vec<NodeId>,
     pub term: u64,
     pub last_log_index: u64,
     pub commit_index: u64,
@@ -215,7 +220,7 @@ impl Cluster {
             let raft = Raft::new(config.node_id, raft_config.clone(), network, log, sm)
                 .await
                 .map_err(|e| format!("shard {g}: cannot start raft: {e}"))?;
-            if !raft.is_initialized().await.map_err(|e| e.to_string())? {
+            if !config.join && !raft.is_initialized().await.map_err(|e| e.to_string())? {
                 if let Err(e) = raft.initialize(members.clone()).await {
                     tracing::debug!(group = g, error = %e, "initialize skipped");
                 }
@@ -268,6 +273,154 @@ impl Cluster {
     /// Answers given by `on_unavailable` rather than by a committed entry.
     pub fn fallbacks(&self) -> u64 {
         self.fallbacks.load(Ordering::Relaxed)
+    }
+
+    /// The voters of a group, as this node last saw its membership.
+    fn voters(group: &Group) -> Vec<NodeId> {
+        let m = group.raft.metrics();
+        let m = m.borrow();
+        m.membership_config.membership().voter_ids().collect()
+    }
+
+    /// Every node any group's membership names (voters and learners), with its address.
+    fn known_ids(&self) -> BTreeMap<NodeId, String> {
+        let mut ids = BTreeMap::new();
+        for g in &self.groups {
+            let m = g.raft.metrics();
+            let m = m.borrow();
+            for (id, node) in m.membership_config.membership().nodes() {
+                ids.insert(*id, node.addr.clone());
+            }
+        }
+        ids
+    }
+
+    /// Adds or removes a member in every group, each through its leader. Adding needs a
+    /// fresh id (above every id the cluster has had in its membership) unless the same add
+    /// is being resumed; removing the last voters is refused.
+    pub async fn change_members(&self, change: MemberChange) -> Result<(), String> {
+        let known = self.known_ids();
+        match &change {
+            MemberChange::Add { id, addr } => {
+                if addr.parse::<std::net::SocketAddr>().is_err() {
+                    return Err(format!("peer address \"{addr}\" is not IP:PORT"));
+                }
+                if let Some(at) = known.get(id) {
+                    if at != addr {
+                        return Err(format!(
+                            "node {id} is already a member (at {at}); a new node needs a new id"
+                        ));
+                    }
+                }
+                let max = known.keys().copied().max().unwrap_or(0);
+                if *id == 0 || (*id <= max && !known.contains_key(id)) {
+                    return Err(format!(
+                        "node id {id} is not fresh: use an id above {max} (ids are never reused, so a removed node's old state cannot come back)"
+                    ));
+                }
+            }
+            MemberChange::Remove { id } => {
+                if !known.contains_key(id) {
+                    return Err(format!("node {id} is not a member"));
+                }
+            }
+        }
+        for g in &self.groups {
+            let mut done = false;
+            for _attempt in 0..20 {
+                let leader = match self.leader(g) {
+                    Some(l) => l,
+                    None => {
+                        self.wait_for_leader(g).await;
+                        continue;
+                    }
+                };
+                let result = if leader == self.config.node_id {
+                    self.change_group(g, &change).await
+                } else {
+                    let request = PeerRequest::Members {
+                        group: g.id,
+                        change: change.clone(),
+                    };
+                    match ask(
+                        &*self.transport,
+                        leader,
+                        &request,
+                        self.config.write_timeout * 10,
+                    )
+                    .await
+                    {
+                        Ok(PeerResponse::Members(r)) => r,
+                        Ok(other) => Err(ForwardError::Unavailable(format!(
+                            "unexpected answer {other:?}"
+                        ))),
+                        Err(e) => Err(ForwardError::Unavailable(e.to_string())),
+                    }
+                };
+                match result {
+                    Ok(()) => {
+                        done = true;
+                        break;
+                    }
+                    Err(e) => {
+                        tracing::info!(shard = g.id, error = %e, "membership change: retrying");
+                        tokio::time::sleep(Duration::from_millis(200)).await;
+                    }
+                }
+            }
+            if !done {
+                return Err(format!(
+                    "shard {}: the membership change did not complete; run it again",
+                    g.id
+                ));
+            }
+        }
+        Ok(())
+    }
+
+    /// Carries out `change` on `group`, which this node leads.
+    async fn change_group(&self, group: &Group, change: &MemberChange) -> Result<(), ForwardError> {
+        if self.leader(group) != Some(self.config.node_id) {
+            return Err(ForwardError::NotLeader {
+                leader: self.leader(group),
+            });
+        }
+        let voters = Cluster::voters(group);
+        let fail = |e: String| ForwardError::Unavailable(e);
+        match change {
+            MemberChange::Add { id, addr } => {
+                if voters.contains(id) {
+                    return Ok(());
+                }
+                // Blocking: returns once the learner has caught up with the log.
+                group
+                    .raft
+                    .add_learner(*id, BasicNode::new(addr), true)
+                    .await
+                    .map_err(|e| fail(e.to_string()))?;
+                let ids: std::collections::BTreeSet<NodeId> = [*id].into();
+                group
+                    .raft
+                    .change_membership(openraft::ChangeMembers::AddVoterIds(ids), false)
+                    .await
+                    .map_err(|e| fail(e.to_string()))?;
+            }
+            MemberChange::Remove { id } => {
+                if !voters.contains(id) {
+                    return Ok(());
+                }
+                if voters.len() <= 1 {
+                    return Err(fail("refusing to remove the last voter".into()));
+                }
+                let ids: std::collections::BTreeSet<NodeId> = [*id].into();
+                group
+                    .raft
+                    .change_membership(openraft::ChangeMembers::RemoveVoters(ids), false)
+                    .await
+                    .map_err(|e| fail(e.to_string()))?;
+            }
+        }
+        Ok(())
     }
 
     /// The shards this node leads now that hold keys (what the eviction loop visits: an
@@ -426,7 +579,7 @@ impl Cluster {
 
     /// The policy's `on_unavailable` answer for each command.
     fn fallback(&self, group: &Group, commands: &[Command]) -> Vec<Applied> {
-        let members = self.config.members.len().max(1) as u64;
+        let members = Cluster::voters(group).len().max(1) as u64;
         let now = self.clock.monotonic();
         commands
             .iter()
@@ -504,6 +657,10 @@ impl Cluster {
                 Some(gr) => PeerResponse::Snapshot(gr.raft.install_snapshot(rpc).await),
                 None => PeerResponse::Refused(format!("no shard {g}")),
             },
+            PeerRequest::Members { group: g, change } => match group(g) {
+                Some(gr) => PeerResponse::Members(self.change_group(&gr, &change).await),
+                None => PeerResponse::Refused(format!("no shard {g}")),
+            },
             PeerRequest::Forward {
                 group: g,
                 commands,
@@ -536,6 +693,7 @@ impl Cluster {
                     shard: g.id,
                     state: format!("{:?}", m.state),
                     leader: m.current_leader,
+                    voters: m.membership_config.membership().voter_ids().collect(),
                     term: m.current_term,
                     last_log_index: last,
                     commit_index: m.last_applied.map_or(0, |l| l.index),
@@ -773,10 +931,10 @@ async fn rebalance_loop(cluster: std::sync::Weak<Cluster>) {
     loop {
         tick.tick().await;
         let Some(c) = cluster.upgrade() else { return };
-        let ids: Vec<NodeId> = c.config.members.keys().copied().collect();
         let me = c.config.node_id;
         for g in &c.groups {
-            if ids[g.id as usize % ids.len()] != me {
+            let ids = Cluster::voters(g);
+            if ids.is_empty() || ids[g.id as usize % ids.len()] != me {
                 continue;
             }
             let (leader, state, caught_up) = {

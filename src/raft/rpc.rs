@@ -33,6 +33,11 @@ pub enum PeerRequest {
         group: GroupId,
         rpc: InstallSnapshotRequest<TypeConfig>,
     },
+    /// A membership change for `group`, sent to its leader.
+    Members {
+        group: GroupId,
+        change: MemberChange,
+    },
     /// Checks forwarded to the node believed to lead `group`.
     Forward {
         group: GroupId,
@@ -40,6 +45,15 @@ pub enum PeerRequest {
         /// Every command may be answered before it commits (`consistency = "fast"`).
         fast: bool,
     },
+}
+
+/// A change of a group's voters, carried out by the group's leader.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub enum MemberChange {
+    /// Add a node (as a learner, caught up, then a voter).
+    Add { id: NodeId, addr: String },
+    /// Remove a voter.
+    Remove { id: NodeId },
 }
 
 /// Why a forwarded batch was not decided by the node it was sent to.
@@ -58,6 +72,7 @@ pub enum PeerResponse {
     Vote(Result<VoteResponse<NodeId>, RaftError<NodeId>>),
     Snapshot(Result<InstallSnapshotResponse<NodeId>, RaftError<NodeId, InstallSnapshotError>>),
     Forward(Result<Vec<Applied>, ForwardError>),
+    Members(Result<(), ForwardError>),
     /// The request could not be decoded or names a group this node does not have.
     Refused(String),
 }
@@ -100,6 +115,10 @@ pub enum CallError {
 /// Object-safe (a boxed future per call: noise next to a network round trip), so the cluster
 /// holds one `Arc<dyn Transport>` whatever sockets are underneath.
 pub trait Transport: Send + Sync + 'static {
+    /// Learns (or updates) a peer's address: openraft hands every member's address to the
+    /// network when it first talks to it, so a node added at runtime becomes reachable.
+    fn learn(&self, _id: NodeId, _addr: &str) {}
+
     fn call(
         &self,
         to: NodeId,
@@ -139,7 +158,8 @@ pub struct GroupLink {
 impl RaftNetworkFactory<TypeConfig> for GroupNetwork {
     type Network = GroupLink;
 
-    async fn new_client(&mut self, target: NodeId, _node: &BasicNode) -> GroupLink {
+    async fn new_client(&mut self, target: NodeId, node: &BasicNode) -> GroupLink {
+        self.transport.learn(target, &node.addr);
         GroupLink {
             group: self.group,
             target,

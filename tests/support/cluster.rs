@@ -119,6 +119,26 @@ impl Cluster {
         );
     }
 
+    /// Starts a new member that joins the running cluster (`--join`); returns its index.
+    /// It serves once a member adds it through `POST /v1/admin/members`.
+    pub fn spawn_joining(&mut self) -> usize {
+        let id = self.members.iter().map(|m| m.id).max().unwrap_or(0) + 1;
+        let dir = self.members[0].dir.with_file_name(format!("node-{id}"));
+        self.members.push(Member {
+            id,
+            http: free_port(),
+            resp: free_port(),
+            peer: free_port(),
+            dir,
+            child: None,
+        });
+        let i = self.members.len() - 1;
+        self.extra.push("--join".into());
+        self.spawn(i);
+        self.extra.pop();
+        i
+    }
+
     pub fn log_of(&self, i: usize) -> String {
         std::fs::read_to_string(self.members[i].dir.with_extension("log")).unwrap_or_default()
     }
@@ -219,10 +239,21 @@ pub const SIGCONT: i32 = 18;
 
 /// One HTTP/1.1 request; the raw answer ("" when the node cannot be reached).
 pub fn http(addr: SocketAddr, method: &str, path: &str, body: &str) -> String {
+    http_within(addr, method, path, body, Duration::from_secs(10))
+}
+
+/// [`http`] with a longer wait for the answer (membership changes take seconds).
+pub fn http_within(
+    addr: SocketAddr,
+    method: &str,
+    path: &str,
+    body: &str,
+    wait: Duration,
+) -> String {
     let Ok(mut s) = TcpStream::connect_timeout(&addr, Duration::from_secs(2)) else {
         return String::new();
     };
-    s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    s.set_read_timeout(Some(wait)).unwrap();
     let _ = write!(
         s,
         "{method} {path} HTTP/1.1\r\nHost: quorate\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",

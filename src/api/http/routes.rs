@@ -23,7 +23,8 @@ use std::time::{Duration, UNIX_EPOCH};
 pub const METRICS_CONTENT_TYPE: &str = "text/plain; version=0.0.4";
 
 const ROUTES: &str = "POST /v1/check, GET /v1/authorize, GET /metrics, GET /healthz, \
-                      GET /readyz, GET /v1/admin/status, POST /v1/admin/reload";
+                      GET /readyz, GET /v1/admin/status, POST /v1/admin/reload, \
+                      POST /v1/admin/members";
 
 #[derive(Clone)]
 struct AppState {
@@ -41,6 +42,7 @@ pub fn router(service: Service) -> Router {
         .route("/readyz", get(readyz))
         .route("/v1/admin/status", get(status))
         .route("/v1/admin/reload", post(reload))
+        .route("/v1/admin/members", post(members))
         .fallback(not_found)
         .method_not_allowed_fallback(method_not_allowed)
         .layer(map_response_with_state(state.clone(), date_header))
@@ -151,6 +153,68 @@ async fn reload(State(st): State<AppState>) -> Response {
             format!("the reload did not finish ({e}); the old policies stay in force"),
         )
         .respond(st.service.metrics(), ROUTE),
+    }
+}
+
+/// `POST /v1/admin/members`: `{"add": {"id": 4, "addr": "10.0.0.4:7100"}}` or
+/// `{"remove": {"id": 4}}`. Answers once every shard's group has the change committed.
+async fn members(State(st): State<AppState>, headers: HeaderMap, body: Body) -> Response {
+    const ROUTE: &str = "/v1/admin/members";
+    #[derive(serde::Deserialize)]
+    #[serde(deny_unknown_fields)]
+    struct Add {
+        id: u64,
+        addr: String,
+    }
+    #[derive(serde::Deserialize)]
+    #[serde(deny_unknown_fields)]
+    struct Remove {
+        id: u64,
+    }
+    #[derive(serde::Deserialize)]
+    #[serde(deny_unknown_fields)]
+    struct Change {
+        add: Option<Add>,
+        remove: Option<Remove>,
+    }
+    let svc = &st.service;
+    let cfg = svc.config();
+    let bytes = match read_bounded(&headers, body, cfg.max_body_bytes, cfg.idle_timeout).await {
+        Ok(b) => b,
+        Err(r) => return r.respond(svc.metrics(), ROUTE),
+    };
+    let usage = r#"send {"add": {"id": N, "addr": "IP:PORT"}} or {"remove": {"id": N}}"#;
+    let change = match serde_json::from_slice::<Change>(&bytes) {
+        Ok(Change {
+            add: Some(a),
+            remove: None,
+        }) => crate::raft::rpc::MemberChange::Add {
+            id: a.id,
+            addr: a.addr,
+        },
+        Ok(Change {
+            add: None,
+            remove: Some(r),
+        }) => crate::raft::rpc::MemberChange::Remove { id: r.id },
+        Ok(_) => {
+            return Reject::bad("bad_body", format!("give exactly one change; {usage}"))
+                .respond(svc.metrics(), ROUTE)
+        }
+        Err(e) => {
+            return Reject::bad("bad_body", format!("{e}; {usage}")).respond(svc.metrics(), ROUTE)
+        }
+    };
+    let Some(cluster) = svc.cluster() else {
+        return Reject::new(
+            StatusCode::CONFLICT,
+            "not_a_cluster",
+            "this node runs alone (no --peers); membership changes need a cluster",
+        )
+        .respond(svc.metrics(), ROUTE);
+    };
+    match cluster.change_members(change).await {
+        Ok(()) => Json(serde_json::json!({ "ok": true, "status": svc.status() })).into_response(),
+        Err(e) => Reject::bad("membership_change_failed", e).respond(svc.metrics(), ROUTE),
     }
 }
 
