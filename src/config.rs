@@ -66,6 +66,8 @@ pub struct ClusterSettings {
     pub write_timeout: Duration,
     /// Most commands per log entry.
     pub batch_max: usize,
+    /// A shard's snapshot is taken after this many log entries since the last.
+    pub snapshot_every: u64,
     /// Joining an existing cluster: do not bootstrap the groups; wait to be added through
     /// the admin API of a member.
     pub join: bool,
@@ -208,6 +210,9 @@ pub struct NodeOptions {
     /// Most decisions in one Raft log entry [default: 1024].
     #[arg(long, env = "QUORATE_BATCH_MAX")]
     pub batch_max: Option<usize>,
+    /// Log entries between a shard's snapshots [default: 20000].
+    #[arg(long, env = "QUORATE_SNAPSHOT_EVERY")]
+    pub snapshot_every: Option<u64>,
     /// Join a running cluster instead of bootstrapping one: start with an empty data dir,
     /// then add this node with `POST /v1/admin/members` on any member.
     #[arg(long, env = "QUORATE_JOIN", num_args = 0..=1, default_missing_value = "true")]
@@ -256,6 +261,7 @@ impl NodeOptions {
             batch_max: self.batch_max.or(fallback.batch_max),
             unsafe_no_fsync: self.unsafe_no_fsync.or(fallback.unsafe_no_fsync),
             join: self.join.or(fallback.join),
+            snapshot_every: self.snapshot_every.or(fallback.snapshot_every),
         }
     }
 
@@ -318,6 +324,10 @@ impl NodeOptions {
             write_timeout: duration("write_timeout", &self.write_timeout, Duration::from_secs(2))?,
             batch_max: self.batch_max.unwrap_or(1024).max(1),
             join: self.join.unwrap_or(false),
+            snapshot_every: match self.snapshot_every.unwrap_or(20_000) {
+                0 => return Err("`snapshot_every` must be at least 1".into()),
+                n => n,
+            },
         }))
     }
 

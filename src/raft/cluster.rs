@@ -96,7 +96,7 @@ impl ClusterConfig {
             election_timeout_min: ms(self.election_min),
             election_timeout_max: ms(self.election_max),
             snapshot_policy: openraft::SnapshotPolicy::LogsSinceLast(self.snapshot_every),
-            max_in_snapshot_log_to_keep: 1000,
+            max_in_snapshot_log_to_keep: (self.snapshot_every / 2).clamp(1, 1000),
             max_payload_entries: 64,
             ..Default::default()
         };
@@ -162,7 +162,12 @@ pub struct GroupStatus {
     pub keys: u64,
     pub shard_time_ns: u64,
     pub snapshots: u64,
+    /// Snapshots this member received from a leader and installed.
+    pub snapshots_installed: u64,
     pub entries_proposed: u64,
+    /// A hash of the shard's applied state (keys and their states, order-independent):
+    /// equal on every replica that applied the same entries.
+    pub digest: String,
 }
 
 /// Builds a group's log storage (the node's shared WAL hands these out).
@@ -672,6 +677,11 @@ impl Cluster {
 
     /// Every group's Raft state as this node sees it.
     pub fn status(&self) -> Vec<GroupStatus> {
+        self.status_with(true)
+    }
+
+    /// [`Cluster::status`]; `digests: false` skips hashing every shard's table.
+    pub fn status_with(&self, digests: bool) -> Vec<GroupStatus> {
         self.groups
             .iter()
             .map(|g| {
@@ -702,7 +712,13 @@ impl Cluster {
                     keys: g.info.keys.load(Ordering::Relaxed),
                     shard_time_ns: g.info.time.load(Ordering::Relaxed),
                     snapshots: g.info.snapshots.load(Ordering::Relaxed),
+                    snapshots_installed: g.info.installed.load(Ordering::Relaxed),
                     entries_proposed: g.proposed.load(Ordering::Relaxed),
+                    digest: if digests {
+                        format!("{:016x}", lock(&g.info_state).digest())
+                    } else {
+                        String::new()
+                    },
                 }
             })
             .collect()
@@ -710,7 +726,7 @@ impl Cluster {
 
     /// Copies every group's Raft state into the metrics (called every second).
     pub fn publish_metrics(&self) {
-        for g in self.status() {
+        for g in self.status_with(false) {
             let shard = g.shard.to_string();
             let l = [shard.as_str()];
             self.metrics

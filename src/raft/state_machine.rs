@@ -34,6 +34,8 @@ pub struct MachineInfo {
     /// Index of the last applied entry (0 before any).
     pub applied: AtomicU64,
     pub snapshots: AtomicU64,
+    /// Snapshots received from a leader and installed.
+    pub installed: AtomicU64,
 }
 
 /// The last snapshot, as kept in memory and on disk.
@@ -277,6 +279,7 @@ impl RaftStateMachine<TypeConfig> for ShardMachine {
             .map_err(snap_write)?
             .map_err(snap_write)?;
         self.restore(meta.clone(), &stored.data).map_err(sm_read)?;
+        self.info.installed.fetch_add(1, Ordering::Relaxed);
         Ok(())
     }
 
