@@ -213,6 +213,50 @@ fn openraft_storage_suite_passes() {
     Suite::test_all(Builder).unwrap();
 }
 
+/// The same suite with the real shard state machine (`ShardMachine`, snapshots on disk in the
+/// build's directory) next to the WAL-backed log.
+struct RealBuilder;
+
+impl
+    StoreBuilder<
+        TypeConfig,
+        GroupLog,
+        quorate::raft::state_machine::ShardMachine,
+        tempfile::TempDir,
+    > for RealBuilder
+{
+    async fn build(
+        &self,
+    ) -> Result<
+        (
+            tempfile::TempDir,
+            GroupLog,
+            quorate::raft::state_machine::ShardMachine,
+        ),
+        StorageError<NodeId>,
+    > {
+        let dir = tempfile::tempdir().unwrap();
+        let (node, _) = NodeLog::open(dir.path().join("wal"), options()).unwrap();
+        let bounds = quorate::shard::state::Bounds {
+            max_keys: 1000,
+            idempotency_horizon: 1_000_000_000,
+            max_request_ids: 1000,
+        };
+        let sm = quorate::raft::state_machine::ShardMachine::open(
+            &dir.path().join("snapshots"),
+            7,
+            bounds,
+        )
+        .unwrap();
+        Ok((dir, node.group(7), sm))
+    }
+}
+
+#[test]
+fn openraft_storage_suite_passes_with_the_shard_state_machine() {
+    Suite::test_all(RealBuilder).unwrap();
+}
+
 // ---------------------------------------------------------------------------------------------
 // Reopen.
 
