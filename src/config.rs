@@ -200,11 +200,11 @@ pub struct NodeOptions {
     /// Raft election timeout (randomised between it and twice it) [default: 400ms].
     #[arg(long, env = "QUORATE_ELECTION_TIMEOUT")]
     pub election_timeout: Option<String>,
-    /// Longest wait for a shard's leader before the policy's on_unavailable answers
-    /// [default: 500ms].
+    /// Longest a check waits for its shard (a leader, the commit, a forwarded answer) before
+    /// the policy's on_unavailable answers [default: 500ms].
     #[arg(long, env = "QUORATE_UNAVAILABLE_AFTER")]
     pub unavailable_after: Option<String>,
-    /// Longest wait for a decision to commit on a majority [default: 2s].
+    /// Longest wait for one step of a membership change on a shard [default: 2s].
     #[arg(long, env = "QUORATE_WRITE_TIMEOUT")]
     pub write_timeout: Option<String>,
     /// Most decisions in one Raft log entry [default: 1024].

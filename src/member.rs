@@ -46,7 +46,12 @@ impl<C: Connector> Transport for PeerTransport<C> {
         Box::pin(async move {
             peers.call(to, body, timeout).await.map_err(|e| match e {
                 PeerError::Remote { .. } => CallError::Failed(to, e.to_string()),
-                other => CallError::Unreachable(to, other.to_string()),
+                // Sent, and then no answer: the peer may have acted on it.
+                PeerError::Timeout { .. } | PeerError::ConnectionLost { .. } => {
+                    CallError::Unreachable(to, e.to_string())
+                }
+                // Refused or never sent: certainly not acted on.
+                other => CallError::NotSent(to, other.to_string()),
             })
         })
     }
@@ -126,7 +131,7 @@ pub async fn start<P: Listener, C: Connector>(
     cluster_config.election_max = settings.election_timeout * 2;
     cluster_config.unavailable_after = settings.unavailable_after;
     cluster_config.write_timeout = settings.write_timeout;
-    cluster_config.forward_timeout = settings.write_timeout;
+    cluster_config.forward_timeout = settings.unavailable_after;
     cluster_config.batch_max = settings.batch_max;
     cluster_config.join = settings.join;
     cluster_config.snapshot_every = settings.snapshot_every;
@@ -171,8 +176,8 @@ pub async fn start<P: Listener, C: Connector>(
         nonces,
         shutdown,
     ));
-    // A call waits for a leader, then for a commit (perhaps after one forward): bound it
-    // just above that, so the cluster's own `on_unavailable` answer arrives first.
+    // The cluster bounds each shard's part of a call by `unavailable_after` and then answers
+    // by `on_unavailable`; the service's own bound sits just above it.
     let timeout =
         settings.unavailable_after + settings.write_timeout * 2 + Duration::from_millis(500);
     let service = Service::clustered(config, policies, clock, metrics, cluster, timeout);

@@ -44,6 +44,23 @@ limit = 40
 period = "1h"
 consistency = "fast"
 
+[limits.down_deny]
+algorithm = "fixed_window"
+limit = 30
+period = "1h"
+
+[limits.down_allow]
+algorithm = "fixed_window"
+limit = 30
+period = "1h"
+on_unavailable = "allow"
+
+[limits.down_local]
+algorithm = "fixed_window"
+limit = 30
+period = "1h"
+on_unavailable = "local"
+
 [limits.log]
 algorithm = "sliding_log"
 limit = 10
@@ -75,8 +92,12 @@ fn shard(limit: &str, key: &str) -> u64 {
 
 async fn remaining(c: &Client, limit: &str, key: &str) -> u64 {
     for _ in 0..50 {
+        // A peek (cost 0) is always admitted when the shard decides it; a denial is the
+        // `on_unavailable` answer of a shard that cannot decide yet.
         if let Ok(a) = c.peek(limit, key).await {
-            return a.items[0].remaining;
+            if a.allowed {
+                return a.items[0].remaining;
+            }
         }
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
@@ -528,4 +549,75 @@ async fn a_lagging_node_catches_up_by_snapshot_and_every_replica_agrees() {
         let key = format!("s{k}");
         assert_eq!(remaining(&third, "count", &key).await, BIG - 20);
     }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn without_a_quorum_checks_get_their_on_unavailable_answer_in_bounded_time() {
+    let mut cluster = blocking(|| Cluster::start(3, &policies(), &[]));
+    blocking(|| {
+        assert!(cluster.stop(1));
+        assert!(cluster.stop(2));
+    });
+    let alone = client(cluster.members[0].resp);
+    let mut slowest = Duration::ZERO;
+    let ask = |limit: &'static str, n: usize| {
+        let alone = alone.clone();
+        async move {
+            let mut admitted = 0;
+            let mut slowest = Duration::ZERO;
+            for _ in 0..n {
+                let t = Instant::now();
+                let a = alone.check(&[(limit, "x", 1)], None).await.unwrap();
+                slowest = slowest.max(t.elapsed());
+                admitted += a.allowed as u64;
+            }
+            (admitted, slowest)
+        }
+    };
+    let (deny, s1) = ask("down_deny", 5).await;
+    let (allow, s2) = ask("down_allow", 5).await;
+    // local: each of the 3 voters enforces 30 / 3 = 10 by itself.
+    let (local, s3) = ask("down_local", 20).await;
+    slowest = slowest.max(s1).max(s2).max(s3);
+    assert_eq!((deny, allow, local), (0, 5, 10));
+    // --unavailable-after is 500 ms by default.
+    assert!(
+        slowest < Duration::from_millis(1500),
+        "an answer took {slowest:?}"
+    );
+    let metrics =
+        blocking(|| cluster_support::http(cluster.members[0].http, "GET", "/metrics", ""));
+    assert!(
+        metrics.contains("quorate_unavailable_answers_total{answer=\"allow\"} 5"),
+        "{}",
+        metrics
+            .lines()
+            .filter(|l| l.contains("unavailable"))
+            .collect::<Vec<_>>()
+            .join("\n")
+    );
+    // With the quorum back, the shard decides again (from its replicated state).
+    blocking(|| {
+        cluster.spawn(1);
+        cluster.spawn(2);
+        cluster.wait_ready(Duration::from_secs(30));
+    });
+    let mut back = false;
+    for _ in 0..50 {
+        if alone
+            .check(&[("down_deny", "x", 1)], None)
+            .await
+            .unwrap()
+            .allowed
+        {
+            back = true;
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert!(
+        back,
+        "the shard did not decide again after the quorum returned"
+    );
+    eprintln!("slowest answer without a quorum: {slowest:?}");
 }

@@ -20,7 +20,9 @@
 //! leader continues the log's time and its wall clock is never read. Apply takes
 //! `max(batch time, state time)`, so an old batch stamped lower cannot turn time back.
 
-use super::rpc::{ask, ForwardError, MemberChange, PeerRequest, PeerResponse, Transport};
+use super::rpc::{
+    ask, CallError, ForwardError, MemberChange, PeerRequest, PeerResponse, Transport,
+};
 use super::state_machine::{MachineInfo, ShardMachine};
 use super::types::{Applies, GroupId, NodeId, TypeConfig};
 use crate::clock::{ShardTime, SharedClock};
@@ -112,7 +114,17 @@ struct Pending {
     commands: Vec<Command>,
     /// May be answered from the leader's speculative state before the entry commits.
     fast: bool,
-    reply: oneshot::Sender<Result<Vec<Applied>, String>>,
+    reply: oneshot::Sender<Result<Vec<Applied>, Proposal>>,
+}
+
+/// Why the proposer did not answer with a committed result.
+#[derive(Debug, Clone)]
+enum Proposal {
+    /// Never submitted to Raft (this node was not the leader, or Raft had stopped): nothing
+    /// was applied, so the caller may try elsewhere.
+    NotSubmitted(String),
+    /// Submitted, then failed or lost: it may still commit. The outcome is unknown.
+    Lost(String),
 }
 
 /// The leader-side batcher of one group.
@@ -460,36 +472,46 @@ impl Cluster {
         fast: bool,
     ) -> Result<Vec<Applied>, ShardError> {
         let group = self.group(shard).clone();
-        let mut hint = self.leader(&group);
-        if hint.is_none() {
-            hint = self.wait_for_leader(&group).await;
-        }
-        for _hop in 0..3 {
-            match hint {
-                Some(id) if id == self.config.node_id => {
-                    match self.propose(&group, commands.clone(), fast).await {
-                        Ok(applied) => return Ok(applied),
-                        Err(ForwardError::NotLeader { leader }) => {
-                            hint = leader.or_else(|| self.leader(&group))
+        let me = self.config.node_id;
+        // One deadline for the whole call: waiting for a leader, proposing or forwarding, and
+        // retrying what was certainly not applied. Past it (or on an outcome that may have
+        // been applied), `on_unavailable` answers.
+        let attempt = async {
+            let mut hint = self.leader(&group);
+            loop {
+                let id = match hint {
+                    Some(id) => id,
+                    None => self.wait_for_leader(&group).await?,
+                };
+                let result = if id == me {
+                    self.propose(&group, commands.clone(), fast).await
+                } else {
+                    self.forward(id, &group, commands.clone(), fast).await
+                };
+                match result {
+                    Ok(applied) => return Some(applied),
+                    Err(ForwardError::NotLeader { leader }) => {
+                        hint = leader.filter(|l| *l != id);
+                        if hint.is_none() {
+                            tokio::time::sleep(Duration::from_millis(10)).await;
                         }
-                        Err(ForwardError::Unavailable(why)) => {
-                            tracing::debug!(shard, %why, "shard unavailable");
-                            break;
-                        }
+                    }
+                    Err(ForwardError::Unavailable(why)) => {
+                        tracing::debug!(shard, leader = id, %why, "not applied; trying again");
+                        tokio::time::sleep(Duration::from_millis(20)).await;
+                        hint = self.leader(&group);
+                    }
+                    Err(ForwardError::Unknown(why)) => {
+                        tracing::debug!(shard, leader = id, %why, "outcome unknown");
+                        return None;
                     }
                 }
-                Some(id) => match self.forward(id, &group, commands.clone(), fast).await {
-                    Ok(applied) => return Ok(applied),
-                    Err(ForwardError::NotLeader { leader }) if leader != Some(id) => hint = leader,
-                    Err(e) => {
-                        tracing::debug!(shard, leader = id, error = %e, "forward failed");
-                        break;
-                    }
-                },
-                None => break,
             }
+        };
+        match tokio::time::timeout(self.config.unavailable_after, attempt).await {
+            Ok(Some(applied)) => Ok(applied),
+            _ => Ok(self.fallback(&group, &commands)),
         }
-        Ok(self.fallback(&group, &commands))
     }
 
     async fn wait_for_leader(&self, group: &Group) -> Option<NodeId> {
@@ -520,10 +542,12 @@ impl Cluster {
         };
         match ask(&*self.transport, to, &request, self.config.forward_timeout).await {
             Ok(PeerResponse::Forward(result)) => result,
-            Ok(other) => Err(ForwardError::Unavailable(format!(
+            Ok(other) => Err(ForwardError::Unknown(format!(
                 "unexpected answer {other:?}"
             ))),
-            Err(e) => Err(ForwardError::Unavailable(e.to_string())),
+            // Not sent: nothing was applied. Sent and no answer: unknown.
+            Err(e @ CallError::NotSent(..)) => Err(ForwardError::Unavailable(e.to_string())),
+            Err(e) => Err(ForwardError::Unknown(e.to_string())),
         }
     }
 
@@ -554,15 +578,16 @@ impl Cluster {
         let answer = tokio::time::timeout(self.config.write_timeout, answer).await;
         match answer {
             Ok(Ok(Ok(applied))) if applied.len() == n => Ok(applied),
-            Ok(Ok(Ok(_))) => Err(ForwardError::Unavailable("answer count mismatch".into())),
-            Ok(Ok(Err(why))) => match self.leader(group) {
+            Ok(Ok(Ok(_))) => Err(ForwardError::Unknown("answer count mismatch".into())),
+            Ok(Ok(Err(Proposal::Lost(why)))) => Err(ForwardError::Unknown(why)),
+            Ok(Ok(Err(Proposal::NotSubmitted(why)))) => match self.leader(group) {
                 Some(l) if l != self.config.node_id => {
                     Err(ForwardError::NotLeader { leader: Some(l) })
                 }
                 _ => Err(ForwardError::Unavailable(why)),
             },
-            Ok(Err(_)) => Err(ForwardError::Unavailable("proposer stopped".into())),
-            Err(_) => Err(ForwardError::Unavailable("commit timed out".into())),
+            Ok(Err(_)) => Err(ForwardError::Unknown("proposer stopped".into())),
+            Err(_) => Err(ForwardError::Unknown("commit timed out".into())),
         }
     }
 
@@ -820,7 +845,9 @@ async fn propose_loop(cluster: Arc<Cluster>, group: Arc<Group>) {
         if !is_leader {
             spec = None;
             for p in pending {
-                let _ = p.reply.send(Err("not the leader".into()));
+                let _ = p
+                    .reply
+                    .send(Err(Proposal::NotSubmitted("not the leader".into())));
             }
             continue;
         }
@@ -880,13 +907,13 @@ async fn propose_loop(cluster: Arc<Cluster>, group: Arc<Group>) {
         let failed = group.spec_failed.clone();
         let lease_from = group.lease_from.clone();
         tokio::spawn(async move {
-            let result: Result<Applies, String> = match submitted {
+            let result: Result<Applies, Proposal> = match submitted {
                 Ok(rx) => match rx.await {
                     Ok(Ok(resp)) => Ok(resp.data),
-                    Ok(Err(e)) => Err(e.to_string()),
-                    Err(_) => Err("raft dropped the entry".into()),
+                    Ok(Err(e)) => Err(Proposal::Lost(e.to_string())),
+                    Err(_) => Err(Proposal::Lost("raft dropped the entry".into())),
                 },
-                Err(e) => Err(e.to_string()),
+                Err(e) => Err(Proposal::NotSubmitted(e.to_string())),
             };
             drop(permit);
             match result {
