@@ -68,6 +68,8 @@ pub struct ClusterSettings {
     pub batch_max: usize,
     /// A shard's snapshot is taken after this many log entries since the last.
     pub snapshot_every: u64,
+    /// Most entries a shard's leader has proposed and not yet seen committed.
+    pub pipeline: usize,
     /// Joining an existing cluster: do not bootstrap the groups; wait to be added through
     /// the admin API of a member.
     pub join: bool,
@@ -210,6 +212,10 @@ pub struct NodeOptions {
     /// Most decisions in one Raft log entry [default: 1024].
     #[arg(long, env = "QUORATE_BATCH_MAX")]
     pub batch_max: Option<usize>,
+    /// Entries a shard's leader may have in flight (proposed, not yet committed); while they
+    /// are, new checks wait and join the next entry [default: 1].
+    #[arg(long, env = "QUORATE_PIPELINE")]
+    pub pipeline: Option<usize>,
     /// Log entries between a shard's snapshots [default: 20000].
     #[arg(long, env = "QUORATE_SNAPSHOT_EVERY")]
     pub snapshot_every: Option<u64>,
@@ -262,6 +268,7 @@ impl NodeOptions {
             unsafe_no_fsync: self.unsafe_no_fsync.or(fallback.unsafe_no_fsync),
             join: self.join.or(fallback.join),
             snapshot_every: self.snapshot_every.or(fallback.snapshot_every),
+            pipeline: self.pipeline.or(fallback.pipeline),
         }
     }
 
@@ -324,6 +331,7 @@ impl NodeOptions {
             write_timeout: duration("write_timeout", &self.write_timeout, Duration::from_secs(2))?,
             batch_max: self.batch_max.unwrap_or(1024).max(1),
             join: self.join.unwrap_or(false),
+            pipeline: self.pipeline.unwrap_or(1).max(1),
             snapshot_every: match self.snapshot_every.unwrap_or(20_000) {
                 0 => return Err("`snapshot_every` must be at least 1".into()),
                 n => n,
