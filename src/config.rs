@@ -460,6 +460,7 @@ mod tests {
             id: Some(1),
             peers: Some("1=quorate-1:7100,2=quorate-2:7100".into()),
             cluster_secret: Some("a-secret-of-16-chars".into()),
+            data_dir: Some("/data".into()),
             ..Default::default()
         };
         assert!(opts.to_config().unwrap_err().contains("--peer-addr"));

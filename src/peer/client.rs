@@ -152,7 +152,7 @@ impl<C: Connector> Peers<C> {
     /// use quorate::net::tcp::TcpConnector;
     /// use quorate::peer::{Nonces, PeerConfig, Peers};
     /// let cfg = PeerConfig::new(1, b"a cluster secret of 32 bytes....".to_vec());
-    /// let peers = [(2, "10.0.0.2:7001".parse().unwrap())];
+    /// let peers = [(2, "10.0.0.2:7001"), (3, "quorate-3:7001")];
     /// let client = Peers::new(cfg, TcpConnector, peers, Nonces::from_seed([0; 32])).unwrap();
     /// # drop(client);
     /// ```
