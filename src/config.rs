@@ -78,6 +78,12 @@ pub struct ClusterSettings {
 /// Reads a duration setting: (name, value, default) -> the duration or what to fix.
 type DurationParser = dyn Fn(&str, &Option<String>, Duration) -> Result<Duration, String>;
 
+/// True for `HOST:PORT` with a non-empty host and a port 1-65535.
+pub fn is_host_port(addr: &str) -> bool {
+    addr.rsplit_once(':')
+        .is_some_and(|(host, port)| !host.is_empty() && port.parse::<u16>().is_ok_and(|p| p > 0))
+}
+
 /// Parses `1=host:port,2=host:port,...`.
 pub fn parse_peers(text: &str) -> Result<BTreeMap<u64, String>, String> {
     let mut members = BTreeMap::new();
@@ -91,9 +97,10 @@ pub fn parse_peers(text: &str) -> Result<BTreeMap<u64, String>, String> {
             .ok()
             .filter(|&i| i > 0)
             .ok_or_else(|| format!("`peers`: node id \"{id}\" must be a positive integer"))?;
-        if !addr.contains(':') {
+        let addr = addr.trim();
+        if !is_host_port(addr) {
             return Err(format!(
-                "`peers`: address \"{addr}\" of node {id} needs a port"
+                "`peers`: address \"{addr}\" of node {id} is not HOST:PORT (e.g. 10.0.0.1:7100 or quorate-1:7100)"
             ));
         }
         if members.insert(id, addr.trim().to_string()).is_some() {
@@ -101,6 +108,24 @@ pub fn parse_peers(text: &str) -> Result<BTreeMap<u64, String>, String> {
         }
     }
     Ok(members)
+}
+
+/// The member of `members` this host is, by name: the one whose address's host, or that
+/// host's first DNS label, is `hostname` ("quorate-0" is "quorate-0.quorate:7100"). Lets a
+/// StatefulSet's pods share one configuration without a per-pod `id`.
+pub fn member_for_host(members: &BTreeMap<u64, String>, hostname: &str) -> Option<u64> {
+    let hostname = hostname.trim();
+    if hostname.is_empty() {
+        return None;
+    }
+    let mut found = members.iter().filter(|(_, addr)| {
+        let host = addr.rsplit_once(':').map_or(addr.as_str(), |(h, _)| h);
+        host == hostname || host.split('.').next() == Some(hostname)
+    });
+    match (found.next(), found.next()) {
+        (Some((id, _)), None) => Some(*id),
+        _ => None,
+    }
 }
 
 impl Default for NodeConfig {
@@ -283,9 +308,10 @@ impl NodeOptions {
             return Ok(None);
         };
         let members = parse_peers(peers)?;
-        let node_id = self
-            .id
-            .ok_or("a cluster member needs `id` (--id N, one of the ids in --peers)")?;
+        let node_id = self.id.ok_or(
+            "a cluster member needs `id` (--id N, one of the ids in --peers), or a hostname \
+             that names exactly one of the hosts in --peers",
+        )?;
         let own = members.get(&node_id).ok_or_else(|| {
             format!(
                 "`id` {node_id} is not in `peers` (ids there: {:?})",
@@ -295,7 +321,7 @@ impl NodeOptions {
         let peer_addr = match self.peer_addr {
             Some(a) => a,
             None => own.parse().map_err(|_| {
-                format!("node {node_id}'s peer address \"{own}\" is not IP:PORT; give --peer-addr to listen on")
+                format!("node {node_id}'s peer address \"{own}\" is a name, not IP:PORT: give --peer-addr (QUORATE_PEER_ADDR) to listen on, e.g. 0.0.0.0:7100")
             })?,
         };
         let secret = self.cluster_secret.clone().ok_or(
@@ -426,6 +452,54 @@ mod tests {
         assert_eq!((c.shards, c.max_keys), (8, 100));
         assert_eq!(c.idle_timeout, Duration::from_secs(5));
         assert_eq!(c.max_key_len, NodeConfig::default().max_key_len);
+    }
+
+    #[test]
+    fn peers_may_be_names_or_addresses_and_need_a_port() {
+        let m = parse_peers("1=10.0.0.1:7100, 2=quorate-2:7100,3=[::1]:7100").unwrap();
+        assert_eq!(m[&2], "quorate-2:7100");
+        assert_eq!(m[&3], "[::1]:7100");
+        for bad in [
+            "1=quorate-1",
+            "1=quorate-1:",
+            "1=:7100",
+            "1=q:70000",
+            "1=q:0",
+            "1=q:x",
+        ] {
+            let e = parse_peers(bad).unwrap_err();
+            assert!(e.contains("HOST:PORT"), "{bad}: {e}");
+        }
+    }
+
+    #[test]
+    fn a_member_finds_its_id_by_hostname() {
+        let m = parse_peers("1=quorate-0.quorate:7100,2=quorate-1.quorate:7100,3=q3:7100").unwrap();
+        assert_eq!(member_for_host(&m, "quorate-1"), Some(2));
+        assert_eq!(member_for_host(&m, "quorate-0.quorate\n"), Some(1));
+        assert_eq!(member_for_host(&m, "q3"), Some(3));
+        assert_eq!(member_for_host(&m, "quorate"), None);
+        assert_eq!(member_for_host(&m, ""), None);
+        let twice = parse_peers("1=a.x:7100,2=a.y:7100").unwrap();
+        assert_eq!(member_for_host(&twice, "a"), None);
+    }
+
+    #[test]
+    fn a_member_named_by_host_needs_a_listen_address() {
+        let opts = NodeOptions {
+            id: Some(1),
+            peers: Some("1=quorate-1:7100,2=quorate-2:7100".into()),
+            cluster_secret: Some("a-secret-of-16-chars".into()),
+            data_dir: Some("/data".into()),
+            ..Default::default()
+        };
+        assert!(opts.to_config().unwrap_err().contains("--peer-addr"));
+        let opts = NodeOptions {
+            peer_addr: Some("0.0.0.0:7100".parse().unwrap()),
+            ..opts
+        };
+        let c = opts.to_config().unwrap().cluster.unwrap();
+        assert_eq!(c.peer_addr.port(), 7100);
     }
 
     #[test]

@@ -49,6 +49,14 @@ enum Command {
     Dev(cli::dev::DevArgs),
     /// Show every shard's Raft state (leader, term, commit index, lag) as one node sees it.
     Status(cli::status::StatusArgs),
+    /// Exit 0 if the node is ready (/readyz answers 200), 1 if not: a container health check.
+    #[command(
+        long_about = "Exit 0 if the node is ready, 1 if not: a container health check.\n\n\
+        Asks GET /readyz (every shard has a leader; --live asks /healthz, the process is up). \
+        Reads QUORATE_HTTP_ADDR like the node, and asks an unspecified address (0.0.0.0:PORT) \
+        on loopback, so `quorate health` needs no arguments inside the node's container."
+    )]
+    Health(cli::health::HealthArgs),
     /// Ask a running node whether KEY may spend COST of LIMIT now (exit 0 admitted, 1 denied).
     #[command(
         long_about = "Ask a running node whether KEY may spend COST of the named LIMIT now.\n\n\
@@ -250,6 +258,11 @@ fn run(cli: Cli) -> Result<(), CliError> {
         Command::Node(args) => node::run(*args),
         Command::Check(args) => check(args),
         Command::Dev(args) => cli::dev::run(args).map_err(CliError::Node),
+        Command::Health(args) => {
+            let text = cli::health::run(args).map_err(CliError::Node)?;
+            print!("{text}");
+            Ok(())
+        }
         Command::Status(args) => {
             let text = cli::status::run(args).map_err(CliError::Node)?;
             print!("{text}");
@@ -362,6 +375,11 @@ mod node {
         if options.policies.is_none() && Path::new("quorate.toml").is_file() {
             options.policies = Some("quorate.toml".into());
         }
+        // A member without an id finds itself in --peers by its hostname (StatefulSet pods).
+        if let (None, Some(peers)) = (options.id, &options.peers) {
+            let members = quorate::config::parse_peers(peers).map_err(CliError::Settings)?;
+            options.id = quorate::config::member_for_host(&members, &hostname());
+        }
         let config = options.to_config().map_err(CliError::Settings)?;
         let policies = match &config.policies {
             Some(path) => PolicySet::load(path).map_err(|e| CliError::Settings(e.to_string()))?,
@@ -385,6 +403,14 @@ mod node {
         runtime
             .block_on(serve(config, policies))
             .map_err(|e| CliError::Node(e.to_string()))
+    }
+
+    /// This machine's (container's, pod's) hostname, or "" if unknown.
+    fn hostname() -> String {
+        std::fs::read_to_string("/proc/sys/kernel/hostname")
+            .or_else(|_| std::env::var("HOSTNAME"))
+            .map(|h| h.trim().to_string())
+            .unwrap_or_default()
     }
 
     async fn serve(

@@ -16,7 +16,6 @@ use crate::wal::WalOptions;
 use futures::future::BoxFuture;
 use std::future::Future;
 use std::io;
-use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 use tokio::task::JoinHandle;
@@ -26,14 +25,8 @@ struct PeerTransport<C: Connector>(Peers<C>);
 
 impl<C: Connector> Transport for PeerTransport<C> {
     fn learn(&self, id: NodeId, addr: &str) {
-        match addr.parse::<SocketAddr>() {
-            Ok(a) => self.0.set_peer(id, a),
-            Err(_) => tracing::warn!(
-                peer = id,
-                addr,
-                "peer address is not IP:PORT; cannot reach it"
-            ),
-        }
+        // The client resolves the name at each dial.
+        self.0.set_peer(id, addr);
     }
 
     fn call(
@@ -84,15 +77,14 @@ pub async fn start<P: Listener, C: Connector>(
         .data_dir
         .clone()
         .ok_or_else(|| invalid("a cluster member needs a data directory".into()))?;
-    let mut addrs = Vec::new();
-    for (id, addr) in &settings.members {
-        if *id != settings.node_id {
-            let a: SocketAddr = addr
-                .parse()
-                .map_err(|_| invalid(format!("peer {id}'s address \"{addr}\" is not IP:PORT")))?;
-            addrs.push((*id, a));
-        }
-    }
+    // HOST:PORT as configured (validated by `parse_peers`): the peer client resolves a name
+    // before every dial, so peers may start in any order and move to new addresses.
+    let addrs: Vec<(NodeId, String)> = settings
+        .members
+        .iter()
+        .filter(|(id, _)| **id != settings.node_id)
+        .map(|(id, addr)| (*id, addr.clone()))
+        .collect();
     let wal_dir = data_dir.join("wal");
     // The negative control of the durability tests: no fsync, acknowledgements before the
     // write, and writes held in process memory, so kill -9 loses acknowledged entries.

@@ -465,7 +465,7 @@ async fn a_node_added_at_runtime_serves_and_a_removed_node_leaves() {
             "already a member",
         ),
         (r#"{"add": {"id": 3, "addr": "127.0.0.1:1"}}"#, "new id"),
-        (r#"{"add": {"id": 9, "addr": "nowhere"}}"#, "IP:PORT"),
+        (r#"{"add": {"id": 9, "addr": "nowhere"}}"#, "HOST:PORT"),
         (r#"{"remove": {"id": 7}}"#, "not a member"),
         (r#"{"add": {"id": 9}}"#, "missing field"),
     ] {

@@ -2,4 +2,5 @@
 //! sockets directly).
 
 pub mod dev;
+pub mod health;
 pub mod status;

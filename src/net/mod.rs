@@ -26,6 +26,20 @@ pub trait Listener: Send + 'static {
 pub trait Connector: Clone + Send + Sync + 'static {
     type Conn: Stream;
     fn connect(&self, addr: SocketAddr) -> impl Future<Output = io::Result<Self::Conn>> + Send;
+
+    /// The socket address of `host_port` ("10.0.0.2:7100" or "quorate-2:7100"). Callers
+    /// resolve again before every dial, so a peer whose name moves to a new address (a
+    /// restarted container or pod) is found there. This default reads literal addresses
+    /// only; connectors with a name service override it.
+    fn resolve(&self, host_port: &str) -> impl Future<Output = io::Result<SocketAddr>> + Send {
+        let parsed = host_port.parse::<SocketAddr>().map_err(|_| {
+            io::Error::new(
+                io::ErrorKind::InvalidInput,
+                format!("\"{host_port}\" is not IP:PORT and this connector resolves no names"),
+            )
+        });
+        std::future::ready(parsed)
+    }
 }
 
 /// 32 bytes of operating-system entropy, to seed a node's random generators (the peer

@@ -14,7 +14,6 @@ use super::handshake::{self, HandshakeError};
 use super::{NodeId, Nonces, PeerConfig, PeerError};
 use crate::net::{Connector, Stream};
 use std::collections::BTreeMap;
-use std::net::SocketAddr;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, RwLock};
 use std::time::Duration;
@@ -47,7 +46,9 @@ struct Inner<C> {
 /// One peer's connection state.
 struct Slot {
     peer: NodeId,
-    addr: SocketAddr,
+    /// HOST:PORT as configured; resolved again on every dial, so a peer that comes back at a
+    /// new address under the same name is found.
+    addr: String,
     state: Mutex<State>,
     /// Bumped whenever a connect attempt ends, waking the calls that wait for it.
     changed: watch::Sender<u64>,
@@ -143,27 +144,28 @@ impl Drop for Waiting {
 }
 
 impl<C: Connector> Peers<C> {
-    /// A client for the peers `(id, peer address)`, dialing through `connector`. Nothing is
+    /// A client for the peers `(id, peer address)`, dialing through `connector`. An address is
+    /// `IP:PORT` or `NAME:PORT`, resolved through the connector before every dial. Nothing is
     /// dialed until the first call. Fails if `cfg` does not [validate](PeerConfig::validate).
     ///
     /// ```
     /// use quorate::net::tcp::TcpConnector;
     /// use quorate::peer::{Nonces, PeerConfig, Peers};
     /// let cfg = PeerConfig::new(1, b"a cluster secret of 32 bytes....".to_vec());
-    /// let peers = [(2, "10.0.0.2:7001".parse().unwrap())];
+    /// let peers = [(2, "10.0.0.2:7001"), (3, "quorate-3:7001")];
     /// let client = Peers::new(cfg, TcpConnector, peers, Nonces::from_seed([0; 32])).unwrap();
     /// # drop(client);
     /// ```
     pub fn new(
         cfg: PeerConfig,
         connector: C,
-        peers: impl IntoIterator<Item = (NodeId, SocketAddr)>,
+        peers: impl IntoIterator<Item = (NodeId, impl ToString)>,
         nonces: Nonces,
     ) -> Result<Self, String> {
         cfg.validate()?;
         let slots = peers
             .into_iter()
-            .map(|(id, addr)| (id, Slot::new(id, addr)))
+            .map(|(id, addr)| (id, Slot::new(id, addr.to_string())))
             .collect();
         Ok(Peers {
             inner: Arc::new(Inner {
@@ -176,7 +178,8 @@ impl<C: Connector> Peers<C> {
     }
 
     /// Adds a peer or changes its address (its old connection closes once idle).
-    pub fn set_peer(&self, id: NodeId, addr: SocketAddr) {
+    pub fn set_peer(&self, id: NodeId, addr: impl ToString) {
+        let addr = addr.to_string();
         let mut slots = self.inner.slots.write().unwrap_or_else(|e| e.into_inner());
         if slots.get(&id).is_some_and(|s| s.addr == addr) {
             return;
@@ -286,7 +289,7 @@ impl<C: Connector> Peers<C> {
 }
 
 impl Slot {
-    fn new(peer: NodeId, addr: SocketAddr) -> Arc<Slot> {
+    fn new(peer: NodeId, addr: String) -> Arc<Slot> {
         Arc::new(Slot {
             peer,
             addr,
@@ -336,9 +339,15 @@ async fn dial<C: Connector>(
     nonces: &Nonces,
     slot: &Slot,
 ) -> Result<C::Conn, PeerError> {
-    let (peer, addr) = (slot.peer, slot.addr);
-    let mut stream = match tokio::time::timeout(cfg.connect_timeout, connector.connect(addr)).await
-    {
+    let peer = slot.peer;
+    // Resolution counts against the connect timeout: a hung name service is an unreachable
+    // peer like any other.
+    let connect = async {
+        let addr = connector.resolve(&slot.addr).await?;
+        connector.connect(addr).await
+    };
+    let addr = &slot.addr;
+    let mut stream = match tokio::time::timeout(cfg.connect_timeout, connect).await {
         Ok(Ok(s)) => s,
         Ok(Err(e)) => {
             return Err(PeerError::Unreachable {

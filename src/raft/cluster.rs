@@ -319,8 +319,10 @@ impl Cluster {
         let known = self.known_ids();
         match &change {
             MemberChange::Add { id, addr } => {
-                if addr.parse::<std::net::SocketAddr>().is_err() {
-                    return Err(format!("peer address \"{addr}\" is not IP:PORT"));
+                if !crate::config::is_host_port(addr) {
+                    return Err(format!(
+                        "peer address \"{addr}\" is not HOST:PORT (e.g. 10.0.0.4:7100 or quorate-4:7100)"
+                    ));
                 }
                 if let Some(at) = known.get(id) {
                     if at != addr {

@@ -183,7 +183,7 @@ async fn members(State(st): State<AppState>, headers: HeaderMap, body: Body) -> 
         Ok(b) => b,
         Err(r) => return r.respond(svc.metrics(), ROUTE),
     };
-    let usage = r#"send {"add": {"id": N, "addr": "IP:PORT"}} or {"remove": {"id": N}}"#;
+    let usage = r#"send {"add": {"id": N, "addr": "HOST:PORT"}} or {"remove": {"id": N}}"#;
     let change = match serde_json::from_slice::<Change>(&bytes) {
         Ok(Change {
             add: Some(a),
