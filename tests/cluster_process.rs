@@ -621,3 +621,81 @@ async fn without_a_quorum_checks_get_their_on_unavailable_answer_in_bounded_time
     );
     eprintln!("slowest answer without a quorum: {slowest:?}");
 }
+
+#[test]
+fn quorate_dev_runs_three_members_that_status_shows_and_stops_them_all() {
+    use std::io::{BufRead, BufReader};
+    use std::process::{Command, Stdio};
+    let dir = tempfile::tempdir().unwrap();
+    // Ten ports below the ephemeral range, offset by our pid.
+    let base = 24_000 + (std::process::id() % 700) as u16 * 10;
+    let mut dev = Command::new(env!("CARGO_BIN_EXE_quorate"))
+        .arg("dev")
+        .arg("--data-dir")
+        .arg(dir.path())
+        .args(["--http-base", &base.to_string()])
+        .args(["--resp-base", &(base + 3).to_string()])
+        .args(["--peer-base", &(base + 5).to_string()])
+        .args(["--log", "error"])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let mut out = BufReader::new(dev.stdout.take().unwrap());
+    let mut banner = String::new();
+    for _ in 0..5 {
+        out.read_line(&mut banner).unwrap();
+    }
+    assert!(
+        banner.contains(&format!("node 3: HTTP http://127.0.0.1:{}", base + 2)),
+        "{banner}"
+    );
+    let http: std::net::SocketAddr = format!("127.0.0.1:{base}").parse().unwrap();
+    let started = Instant::now();
+    while !cluster_support::http(http, "GET", "/readyz", "").starts_with("HTTP/1.1 200") {
+        assert!(
+            started.elapsed() < Duration::from_secs(30),
+            "quorate dev not ready"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let status = Command::new(env!("CARGO_BIN_EXE_quorate"))
+        .args(["status", "--http-addr", &http.to_string()])
+        .output()
+        .unwrap();
+    let table = String::from_utf8_lossy(&status.stdout);
+    assert!(status.status.success(), "{table}");
+    assert_eq!(
+        table
+            .lines()
+            .filter(|l| l.contains("Leader") || l.contains("Follower"))
+            .count(),
+        16,
+        "{table}"
+    );
+    // SIGTERM to dev stops all three members, and dev exits cleanly.
+    unsafe { kill(dev.id() as i32, 15) };
+    let started = Instant::now();
+    let code = loop {
+        if let Some(s) = dev.try_wait().unwrap() {
+            break s;
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(20),
+            "quorate dev did not stop"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    assert!(code.success(), "{code}");
+    for port in [base, base + 1, base + 2] {
+        let addr: std::net::SocketAddr = format!("127.0.0.1:{port}").parse().unwrap();
+        assert!(
+            cluster_support::http(addr, "GET", "/healthz", "").is_empty(),
+            "a member still answers on {port}"
+        );
+    }
+}
+
+extern "C" {
+    fn kill(pid: i32, sig: i32) -> i32;
+}

@@ -72,16 +72,17 @@ pub fn run(args: StatusArgs) -> Result<String, String> {
                     .join(" ")
             })
             .unwrap_or_default();
+        let n = |v: &serde_json::Value| v.as_u64().map_or("-".to_string(), |x| x.to_string());
         out.push_str(&format!(
             "{:>5}  {:<9}  {:>6}  {:>4}  {:>8}  {:>6}  {:>7}  {:>4}  {}\n",
-            g["shard"],
+            n(&g["shard"]),
             g["state"].as_str().unwrap_or("?"),
             leader,
-            g["term"],
-            g["last_log_index"],
-            g["commit_index"],
-            g["applied_index"],
-            g["keys"],
+            n(&g["term"]),
+            n(&g["last_log_index"]),
+            n(&g["commit_index"]),
+            n(&g["applied_index"]),
+            n(&g["keys"]),
             if lag.is_empty() { "-".into() } else { lag },
         ));
     }
