@@ -66,6 +66,8 @@ pub struct ClusterSettings {
     pub write_timeout: Duration,
     /// Most commands per log entry.
     pub batch_max: usize,
+    /// The simulation's observers and negative-control switches; unset in production.
+    pub hooks: crate::raft::hooks::Hooks,
 }
 
 /// Reads a duration setting: (name, value, default) -> the duration or what to fix.
@@ -309,6 +311,7 @@ impl NodeOptions {
             )?,
             write_timeout: duration("write_timeout", &self.write_timeout, Duration::from_secs(2))?,
             batch_max: self.batch_max.unwrap_or(4096).max(1),
+            hooks: Default::default(),
         }))
     }
 

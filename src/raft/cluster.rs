@@ -64,6 +64,8 @@ pub struct ClusterConfig {
     pub pipeline: usize,
     /// A snapshot is taken after this many entries since the last.
     pub snapshot_every: u64,
+    /// The simulation's observers and negative-control switches (unset in production).
+    pub hooks: super::hooks::Hooks,
 }
 
 impl ClusterConfig {
@@ -82,6 +84,7 @@ impl ClusterConfig {
             batch_max: 4096,
             pipeline: 4,
             snapshot_every: 20_000,
+            hooks: Default::default(),
         }
     }
 
@@ -202,7 +205,8 @@ impl Cluster {
             .collect();
         let mut groups = Vec::new();
         for g in 0..config.shards.max(1) as GroupId {
-            let sm = ShardMachine::open(&snap_dir, g, bounds)?;
+            let mut sm = ShardMachine::open(&snap_dir, g, bounds)?;
+            sm.set_hooks(config.node_id, config.hooks.clone());
             let info = sm.info();
             let info_state = sm.state();
             let log = logs.log(g)?;
@@ -544,6 +548,18 @@ impl Cluster {
             .collect()
     }
 
+    /// Every group's applied index and state digest (`ShardState::digest`), for comparing
+    /// replicas once they have applied the same log (the simulation's agreement check).
+    pub fn digests(&self) -> Vec<(GroupId, u64, u64)> {
+        self.groups
+            .iter()
+            .map(|g| {
+                let state = lock(&g.info_state);
+                (g.id, g.info.applied.load(Ordering::Relaxed), state.digest())
+            })
+            .collect()
+    }
+
     /// Copies every group's Raft state into the metrics (called every second).
     pub fn publish_metrics(&self) {
         for g in self.status() {
@@ -611,6 +627,8 @@ async fn propose_loop(cluster: Arc<Cluster>, group: Arc<Group>) {
     let mut spec: Option<Speculative> = None;
     let pipeline = cluster.config.pipeline.max(1);
     let lease_ms = cluster.config.election_min.as_millis() as u64;
+    // Negative control only (see `hooks`): every caller answered early, lease or not.
+    let unsafe_early = cluster.config.hooks.unsafe_answer_before_commit;
     loop {
         let permit = match group.proposer.inflight.clone().acquire_owned().await {
             Ok(p) => p,
@@ -630,7 +648,11 @@ async fn propose_loop(cluster: Arc<Cluster>, group: Arc<Group>) {
             let m = group.raft.metrics();
             let m = m.borrow();
             let lease = m.millis_since_quorum_ack.is_some_and(|ms| ms < lease_ms);
-            (m.current_term, m.state == ServerState::Leader, lease)
+            (
+                m.current_term,
+                m.state == ServerState::Leader,
+                lease || unsafe_early,
+            )
         };
         if !is_leader {
             spec = None;
@@ -645,7 +667,7 @@ async fn propose_loop(cluster: Arc<Cluster>, group: Arc<Group>) {
             time = Some((term, ShardTime::new(cluster.clock.clone(), base)));
         }
         let now = time.as_mut().map_or(0, |(_, t)| t.now());
-        let any_fast = pending.iter().any(|p| p.fast);
+        let any_fast = unsafe_early || pending.iter().any(|p| p.fast);
         // The speculative state is (re)built only with nothing else in flight, after the
         // state machine has applied everything committed before this term's entries: then
         // the committed state plus what follows is exactly what the log will say.
@@ -665,7 +687,7 @@ async fn propose_loop(cluster: Arc<Cluster>, group: Arc<Group>) {
         let mut early = Vec::with_capacity(pending.len());
         for p in pending {
             lengths.push(p.commands.len());
-            early.push(p.fast);
+            early.push(p.fast || unsafe_early);
             replies.push(Some(p.reply));
             commands.extend(p.commands);
         }
