@@ -224,12 +224,12 @@ impl History {
         crate::shard::route::fnv1a(self.trace.as_bytes())
     }
 
-    /// The client-side lines only (for comparing runs whose faults differ, like the skew
-    /// scenarios: same operations and answers).
+    /// Everything but the faults and the closing tally (for comparing runs whose faults
+    /// differ, like the skew scenarios: same operations, same answers, same applies).
     pub fn ops_trace(&self) -> String {
         self.trace
             .lines()
-            .filter(|l| !l.contains(" nemesis "))
+            .filter(|l| !l.contains(" nemesis ") && !l.contains(" end: "))
             .fold(String::new(), |mut s, l| {
                 s.push_str(l);
                 s.push('\n');

@@ -237,8 +237,37 @@ fn digests(nodes: &[Arc<NodeHandle>]) -> history::Digests {
         .collect()
 }
 
+thread_local! {
+    /// The reproduction command of the simulation running on this thread, for the panic hook.
+    static RUNNING: std::cell::RefCell<Option<String>> = const { std::cell::RefCell::new(None) };
+}
+
+/// A panic inside a simulated node (openraft asserts, for one) takes the whole process down
+/// — tokio shuts the host's runtime down inside the step, and that unwinds no further — so
+/// the seed is printed from the panic hook, before the default message.
+fn install_panic_hook() {
+    static ONCE: std::sync::Once = std::sync::Once::new();
+    ONCE.call_once(|| {
+        let default = std::panic::take_hook();
+        std::panic::set_hook(Box::new(move |info| {
+            if let Some(cmd) = RUNNING.with(|r| r.borrow().clone()) {
+                eprintln!("simulation panicked; reproduce: {cmd}");
+            }
+            default(info);
+        }));
+    });
+}
+
 /// Runs one simulation and checks it.
 pub fn run(opts: &Options) -> Report {
+    install_panic_hook();
+    RUNNING.with(|r| *r.borrow_mut() = Some(reproduce(opts)));
+    let report = run_checked(opts);
+    RUNNING.with(|r| *r.borrow_mut() = None);
+    report
+}
+
+fn run_checked(opts: &Options) -> Report {
     let mut violations = Vec::new();
     let dir = match hosts::RunDir::new(opts.seed) {
         Ok(d) => d,

@@ -5,7 +5,7 @@
 //! address in [`openraft::BasicNode`].
 //!
 //! The async runtime is tokio's with one change, [`SeededRuntime`]: openraft draws election
-//! timeouts from the runtime's `thread_rng()`, and ours is seeded from the node's seed (the
+//! timeouts from the runtime's `thread_rng`, and ours is seeded from the node's seed (the
 //! OS in the binary, the simulation seed under turmoil) so a simulated run is reproducible.
 
 use crate::shard::command::{Applied, Batch};
@@ -51,7 +51,7 @@ pub async fn with_raft_seed<F: Future>(seed: [u8; 32], start: F) -> F::Output {
         .await
 }
 
-/// tokio's runtime, with `thread_rng()` seeded from the node's seed (see
+/// tokio's runtime, with `thread_rng` seeded from the node's seed (see
 /// [`with_raft_seed`]); outside that scope it is seeded from the OS.
 #[derive(Debug, Default, PartialEq, Eq)]
 pub struct SeededRuntime;
@@ -103,6 +103,7 @@ impl AsyncRuntime for SeededRuntime {
         TokioRuntime::is_panic(join_error)
     }
 
+    // The one RNG openraft asks for: drawn from the node's seed (the OS's only outside it).
     fn thread_rng() -> Self::ThreadLocalRng {
         let mut seed = [0u8; 32];
         if RAFT_RNG
