@@ -17,6 +17,10 @@ pub struct Sweep {
     pub failing: Vec<(u64, Vec<String>)>,
 }
 
+/// Another run's trace of the same options (the CLI runs itself as a child process: see
+/// docs/verification.md on why the repeat runs in a fresh process).
+pub type Repeat<'a> = &'a dyn Fn(&Options) -> Result<String, String>;
+
 /// Runs seeds `first..first + count` with `base`'s other options. With `twice`, each seed
 /// runs a second time and a trace that differs is a violation (determinism).
 /// `progress` is called after each seed.
@@ -24,7 +28,7 @@ pub fn sweep(
     base: &Options,
     first: u64,
     count: u64,
-    twice: bool,
+    twice: Option<Repeat<'_>>,
     mut progress: impl FnMut(u64, &Report),
 ) -> Sweep {
     let mut s = Sweep::default();
@@ -34,12 +38,18 @@ pub fn sweep(
             ..base.clone()
         };
         let mut report = run(&opts);
-        if twice {
-            let again = run(&opts);
-            if let Some(diff) = same_trace(&report.history.trace, &again.history.trace) {
-                report.violations.push(format!(
-                    "determinism: the same seed gave another trace at {diff}"
-                ));
+        if let Some(repeat) = twice {
+            match repeat(&opts) {
+                Ok(again) => {
+                    if let Some(diff) = same_trace(&report.history.trace, &again) {
+                        report.violations.push(format!(
+                            "determinism: the same seed gave another trace at {diff}"
+                        ));
+                    }
+                }
+                Err(e) => report
+                    .violations
+                    .push(format!("determinism: the repeat run failed: {e}")),
             }
         }
         s.seeds += 1;
