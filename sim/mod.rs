@@ -19,6 +19,7 @@
 //! points the CLI calls.
 
 pub mod boundary;
+pub mod cluster;
 pub mod plot;
 pub mod poisson;
 pub mod report;

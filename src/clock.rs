@@ -84,6 +84,116 @@ impl Clock for ManualClock {
     }
 }
 
+/// A simulated host's clock for `quorate sim cluster`: it reads turmoil's simulated time and
+/// lets the nemesis inject the faults real clocks have.
+///
+/// - `monotonic` runs at `1 + drift_ppm / 10^6` times simulated time from an origin of its
+///   own (hosts disagree on it, as real machines do) and never decreases: a drift change
+///   re-anchors it where it stands, and every reading is at least the previous one.
+/// - `wall` is the monotonic reading moved to the simulation's epoch plus an offset the
+///   nemesis steps forward or BACKWARDS (an NTP step, an operator's `date -s`): only wall time
+///   may go back, and nothing that decides reads it.
+///
+/// Control calls come from the simulation driver between steps and name the simulated time
+/// they happen at; readings inside a host take simulated time from turmoil.
+pub struct SimClock {
+    state: std::sync::Mutex<SimClockState>,
+    /// The largest monotonic reading handed out.
+    last_mono: AtomicU64,
+}
+
+struct SimClockState {
+    /// Simulated time (ns since the simulation began) of the current drift segment's start.
+    anchor_sim: Nanos,
+    /// The monotonic reading at `anchor_sim`.
+    anchor_mono: Nanos,
+    /// Rate error in parts per million (|ppm| < 10^6).
+    drift_ppm: i64,
+    /// Wall time at monotonic 0 (the simulation's epoch minus the host's origin).
+    wall_base: i128,
+    /// Steps applied to wall time (ns, either sign).
+    wall_offset: i128,
+    /// The latest simulated time seen (used when called outside a host).
+    last_sim: Nanos,
+}
+
+impl SimClock {
+    /// `origin`: the monotonic reading at simulated time 0; `epoch`: the wall time (ns since
+    /// the Unix epoch) at simulated time 0.
+    pub fn new(origin: Nanos, epoch: Nanos) -> Self {
+        SimClock {
+            state: std::sync::Mutex::new(SimClockState {
+                anchor_sim: 0,
+                anchor_mono: origin,
+                drift_ppm: 0,
+                wall_base: epoch as i128 - origin as i128,
+                wall_offset: 0,
+                last_sim: 0,
+            }),
+            last_mono: AtomicU64::new(origin),
+        }
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, SimClockState> {
+        self.state.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Simulated time now: turmoil's inside a host, else the latest seen.
+    fn sim_now(state: &mut SimClockState) -> Nanos {
+        if let Some(d) = ::turmoil::sim_elapsed() {
+            let ns = u64::try_from(d.as_nanos()).unwrap_or(u64::MAX);
+            state.last_sim = state.last_sim.max(ns);
+        }
+        state.last_sim
+    }
+
+    fn mono_at(state: &SimClockState, sim: Nanos) -> Nanos {
+        let dt = sim.saturating_sub(state.anchor_sim) as i128;
+        let scaled = dt * (1_000_000 + state.drift_ppm as i128) / 1_000_000;
+        (state.anchor_mono as i128 + scaled.max(0)).clamp(0, u64::MAX as i128) as Nanos
+    }
+
+    fn reading(&self, state: &mut SimClockState, sim: Nanos) -> Nanos {
+        let m = Self::mono_at(state, sim);
+        self.last_mono.fetch_max(m, Ordering::SeqCst).max(m)
+    }
+
+    /// From simulated time `at` on, the clock runs `ppm` parts per million fast (or slow).
+    pub fn set_drift_ppm(&self, at: std::time::Duration, ppm: i64) {
+        let mut s = self.lock();
+        let sim = u64::try_from(at.as_nanos()).unwrap_or(u64::MAX);
+        s.last_sim = s.last_sim.max(sim);
+        let mono = self.reading(&mut s, sim);
+        s.anchor_sim = sim;
+        s.anchor_mono = mono;
+        s.drift_ppm = ppm.clamp(-999_999, 999_999);
+    }
+
+    /// Steps the wall clock by `by_ns` (negative: backwards). Monotonic time is untouched.
+    pub fn step_wall(&self, by_ns: i64) {
+        self.lock().wall_offset += by_ns as i128;
+    }
+
+    /// The wall clock's total offset from the simulation's epoch-based time, in ns.
+    pub fn wall_offset(&self) -> i128 {
+        self.lock().wall_offset
+    }
+}
+
+impl Clock for SimClock {
+    fn monotonic(&self) -> Nanos {
+        let mut s = self.lock();
+        let sim = Self::sim_now(&mut s);
+        self.reading(&mut s, sim)
+    }
+    fn wall(&self) -> Nanos {
+        let mut s = self.lock();
+        let sim = Self::sim_now(&mut s);
+        let mono = self.reading(&mut s, sim) as i128;
+        (s.wall_base + mono + s.wall_offset).clamp(0, u64::MAX as i128) as Nanos
+    }
+}
+
 /// A shard's time: `t = max(previous, base + (monotonic - monotonic at start))`.
 ///
 /// It never runs backwards and ignores the wall clock entirely. `base` is where the shard's
@@ -127,5 +237,20 @@ mod tests {
         clock.advance(250);
         clock.set_wall(0);
         assert_eq!(t.now(), 1_000_250);
+    }
+
+    #[test]
+    fn a_sim_clock_drifts_and_steps_its_wall_clock_back_but_never_its_monotonic_one() {
+        use std::time::Duration;
+        let c = SimClock::new(1_000, 5_000_000);
+        assert_eq!(c.monotonic(), 1_000);
+        c.set_drift_ppm(Duration::ZERO, 500_000); // 1.5x
+        c.set_drift_ppm(Duration::from_nanos(1_000), -500_000); // then 0.5x
+        let m = c.monotonic();
+        assert_eq!(m, 1_000 + 1_500);
+        let w = c.wall();
+        c.step_wall(-60_000_000_000);
+        assert!(c.wall() < w);
+        assert_eq!(c.monotonic(), m);
     }
 }

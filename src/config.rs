@@ -73,6 +73,8 @@ pub struct ClusterSettings {
     /// Joining an existing cluster: do not bootstrap the groups; wait to be added through
     /// the admin API of a member.
     pub join: bool,
+    /// The simulation's observers and negative-control switches; unset in production.
+    pub hooks: crate::raft::hooks::Hooks,
 }
 
 /// Reads a duration setting: (name, value, default) -> the duration or what to fix.
@@ -362,6 +364,7 @@ impl NodeOptions {
                 0 => return Err("`snapshot_every` must be at least 1".into()),
                 n => n,
             },
+            hooks: Default::default(),
         }))
     }
 

@@ -5,9 +5,11 @@
 //!   cost)`, no clock reads, no I/O, no floats in state.
 //! - `policy/` — named limits from a TOML policy file, validated with errors that name the fix.
 //! - `sim/` (the crate's `sim/` folder, compiled in as [`sim`]) — the workload simulator behind
-//!   `quorate sim ...`: trace replay, Poisson arrivals, the boundary-burst scenario, SVG plots.
+//!   `quorate sim ...`: trace replay, Poisson arrivals, the boundary-burst scenario, SVG plots,
+//!   and `sim/cluster/`, the deterministic turmoil simulation of the cluster under faults.
 //! - `clock.rs` — the `Clock` seam (the only way node code reads time) and shard time.
-//! - `net/` — the `net` seam: `Listener`/`Connector` traits and their tokio TCP version.
+//! - `net/` — the `net` seam: `Listener`/`Connector` traits, their tokio TCP version and
+//!   turmoil's simulated one.
 //! - `peer/` — the peer transport: one authenticated (HMAC handshake), multiplexed connection
 //!   per node and direction carrying every inter-node RPC as a framed request/response, with
 //!   timeouts, reconnects and bounds.

@@ -57,6 +57,15 @@ impl LogFactory for NodeLog {
     }
 }
 
+/// An independent seed for one purpose, from the node's seed (SHA-256 of seed and label).
+fn derive_seed(seed: &[u8; 32], label: &[u8]) -> [u8; 32] {
+    use sha2::Digest;
+    let mut h = sha2::Sha256::new();
+    h.update(seed);
+    h.update(label);
+    h.finalize().into()
+}
+
 /// Starts the member's Raft groups and peer server; returns the service and the peer
 /// server's task (it ends when `shutdown` resolves).
 pub async fn start<P: Listener, C: Connector>(
@@ -91,6 +100,7 @@ pub async fn start<P: Listener, C: Connector>(
     let options = WalOptions {
         sync: settings.wal_sync,
         unsafe_volatile: !settings.wal_sync,
+        writer_on_runtime: settings.hooks.io_on_runtime,
         ..WalOptions::default()
     };
     if !settings.wal_sync {
@@ -98,9 +108,15 @@ pub async fn start<P: Listener, C: Connector>(
             "UNSAFE: --unsafe-no-fsync is set; acknowledged decisions can be lost on a crash"
         );
     }
-    let (mut log, _) = tokio::task::spawn_blocking(move || NodeLog::open(&wal_dir, options))
-        .await
-        .map_err(io::Error::other)??;
+    // Blocking: it reads the whole log. Under the simulation (WAL writer on the runtime) it
+    // runs inline: a blocking-pool thread's timing is outside simulated time.
+    let (mut log, _) = if options.writer_on_runtime {
+        NodeLog::open(&wal_dir, options)?
+    } else {
+        tokio::task::spawn_blocking(move || NodeLog::open(&wal_dir, options))
+            .await
+            .map_err(io::Error::other)??
+    };
     log.set_unsafe_ack_before_durable(!settings.wal_sync);
     let log_stats = log.wal().clone();
 
@@ -128,14 +144,21 @@ pub async fn start<P: Listener, C: Connector>(
     cluster_config.join = settings.join;
     cluster_config.pipeline = settings.pipeline;
     cluster_config.snapshot_every = settings.snapshot_every;
+    cluster_config.hooks = settings.hooks.clone();
     let bounds = Service::bounds(&config);
-    let cluster = Cluster::start(
-        cluster_config,
-        log,
-        transport,
-        clock.clone(),
-        metrics.clone(),
-        bounds,
+    // openraft's random draws (election timeouts) come from the node's seed, not the OS's
+    // directly: under the simulation that makes elections reproducible.
+    let raft_seed = derive_seed(&seed, b"raft");
+    let cluster = crate::raft::types::with_raft_seed(
+        raft_seed,
+        Cluster::start(
+            cluster_config,
+            log,
+            transport,
+            clock.clone(),
+            metrics.clone(),
+            bounds,
+        ),
     )
     .await
     .map_err(io::Error::other)?;

@@ -1,10 +1,11 @@
 //! The `net` seam: the only place node code gets sockets.
 //!
 //! Servers take a [`Listener`] and clients a [`Connector`], so the same code runs over tokio's
-//! TCP ([`tcp`]) and, in the simulation, over turmoil's sockets. Nothing outside this module
+//! TCP ([`tcp`]) and, in the simulation, over turmoil's sockets ([`turmoil`]). Nothing outside this module
 //! names `tokio::net` or `std::net` sockets.
 
 pub mod tcp;
+pub mod turmoil;
 
 use std::future::Future;
 use std::io;

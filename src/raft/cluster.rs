@@ -68,6 +68,8 @@ pub struct ClusterConfig {
     pub snapshot_every: u64,
     /// Joining a running cluster: never bootstrap the groups (a member adds this node).
     pub join: bool,
+    /// The simulation's observers and negative-control switches (unset in production).
+    pub hooks: super::hooks::Hooks,
 }
 
 impl ClusterConfig {
@@ -87,6 +89,7 @@ impl ClusterConfig {
             pipeline: 4,
             snapshot_every: 20_000,
             join: false,
+            hooks: Default::default(),
         }
     }
 
@@ -226,7 +229,8 @@ impl Cluster {
             .collect();
         let mut groups = Vec::new();
         for g in 0..config.shards.max(1) as GroupId {
-            let sm = ShardMachine::open(&snap_dir, g, bounds)?;
+            let mut sm = ShardMachine::open(&snap_dir, g, bounds)?;
+            sm.set_hooks(config.node_id, config.hooks.clone());
             let info = sm.info();
             let info_state = sm.state();
             let log = logs.log(g)?;
@@ -751,6 +755,18 @@ impl Cluster {
             .collect()
     }
 
+    /// Every group's applied index and state digest (`ShardState::digest`), for comparing
+    /// replicas once they have applied the same log (the simulation's agreement check).
+    pub fn digests(&self) -> Vec<(GroupId, u64, u64)> {
+        self.groups
+            .iter()
+            .map(|g| {
+                let state = lock(&g.info_state);
+                (g.id, g.info.applied.load(Ordering::Relaxed), state.digest())
+            })
+            .collect()
+    }
+
     /// Copies every group's Raft state into the metrics (called every second).
     pub fn publish_metrics(&self) {
         for g in self.status_with(false) {
@@ -821,6 +837,8 @@ async fn propose_loop(cluster: Arc<Cluster>, group: Arc<Group>) {
     // leader can be elected before `lease_from + election_min` (followers do not vote while
     // they hear from a leader). 80% of that, for clock-rate differences between nodes.
     let lease_ns = (cluster.config.election_min.as_nanos() as u64).saturating_mul(8) / 10;
+    // Negative control only (see `hooks`): every caller answered early, lease or not.
+    let unsafe_early = cluster.config.hooks.unsafe_answer_before_commit;
     loop {
         let permit = match group.proposer.inflight.clone().acquire_owned().await {
             Ok(p) => p,
@@ -843,7 +861,8 @@ async fn propose_loop(cluster: Arc<Cluster>, group: Arc<Group>) {
         };
         let submitted_at = cluster.clock.monotonic();
         let lease_from = group.lease_from.load(Ordering::SeqCst);
-        let lease = lease_from > 0 && submitted_at.saturating_sub(lease_from) < lease_ns;
+        let lease =
+            unsafe_early || (lease_from > 0 && submitted_at.saturating_sub(lease_from) < lease_ns);
         if !is_leader {
             spec = None;
             for p in pending {
@@ -859,7 +878,7 @@ async fn propose_loop(cluster: Arc<Cluster>, group: Arc<Group>) {
             time = Some((term, ShardTime::new(cluster.clock.clone(), base)));
         }
         let now = time.as_mut().map_or(0, |(_, t)| t.now());
-        let any_fast = pending.iter().any(|p| p.fast);
+        let any_fast = unsafe_early || pending.iter().any(|p| p.fast);
         // The speculative state is (re)built only with nothing else in flight, after the
         // state machine has applied everything committed before this term's entries: then
         // the committed state plus what follows is exactly what the log will say.
@@ -879,7 +898,7 @@ async fn propose_loop(cluster: Arc<Cluster>, group: Arc<Group>) {
         let mut early = Vec::with_capacity(pending.len());
         for p in pending {
             lengths.push(p.commands.len());
-            early.push(p.fast);
+            early.push(p.fast || unsafe_early);
             replies.push(Some(p.reply));
             commands.extend(p.commands);
         }

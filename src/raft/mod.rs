@@ -6,8 +6,10 @@
 //! - `state_machine` — a shard's state driven by committed batches, with durable snapshots.
 //! - `rpc` — the messages between nodes and openraft's network over the peer transport.
 //! - `cluster` — the groups of a node, the leader's batcher, forwarding and fallbacks.
+//! - `hooks` — what the simulation observes and the switches of its negative controls.
 
 pub mod cluster;
+pub mod hooks;
 pub mod log_store;
 pub mod rpc;
 pub mod state_machine;

@@ -10,6 +10,7 @@
 //! openraft is told it exists, because openraft purges the log behind a snapshot.
 //! Snapshot file: `[u32 meta length][meta (bincode)][shard image]`.
 
+use super::hooks::{AppliedEntry, Hooks};
 use super::types::{Applies, GroupId, NodeId, TypeConfig};
 use crate::shard::state::{Bounds, ShardState};
 use openraft::storage::RaftStateMachine;
@@ -56,6 +57,9 @@ pub struct ShardMachine {
     info: Arc<MachineInfo>,
     /// Snapshots built by this process, to name them uniquely.
     built: Arc<AtomicU64>,
+    /// This node's id and the simulation's hooks (see `super::hooks`).
+    node: NodeId,
+    hooks: Hooks,
 }
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -85,6 +89,8 @@ impl ShardMachine {
             path,
             info: Arc::new(MachineInfo::default()),
             built: Arc::new(AtomicU64::new(0)),
+            node: 0,
+            hooks: Hooks::default(),
         };
         match std::fs::read(&sm.path) {
             Ok(bytes) => {
@@ -97,6 +103,12 @@ impl ShardMachine {
             Err(e) => return Err(format!("{}: {e}", sm.path.display())),
         }
         Ok(sm)
+    }
+
+    /// Sets the simulation's hooks (see `super::hooks`); `node` names this node to them.
+    pub fn set_hooks(&mut self, node: NodeId, hooks: Hooks) {
+        self.node = node;
+        self.hooks = hooks;
     }
 
     /// The shard state (shared, for status and tests).
@@ -176,7 +188,20 @@ fn persist(path: &Path, stored: &Stored) -> std::io::Result<()> {
     write_durably(path, &[&len, &meta, &stored.data])
 }
 
+/// Writes a snapshot from a blocking-pool thread, or `inline` on the caller (the simulation:
+/// a pool thread's timing is outside simulated time).
+async fn persist_off_runtime(path: PathBuf, stored: Stored, inline: bool) -> std::io::Result<()> {
+    if inline {
+        return persist(&path, &stored);
+    }
+    tokio::task::spawn_blocking(move || persist(&path, &stored))
+        .await
+        .map_err(std::io::Error::other)?
+}
+
 pub struct ShardSnapshotBuilder {
+    /// Write the snapshot inline (see [`persist_off_runtime`]).
+    inline: bool,
     stored: Stored,
     path: PathBuf,
     current: Arc<Mutex<Option<Stored>>>,
@@ -187,10 +212,8 @@ impl RaftSnapshotBuilder<TypeConfig> for ShardSnapshotBuilder {
     async fn build_snapshot(&mut self) -> Result<Snapshot<TypeConfig>, StorageError<NodeId>> {
         let stored = self.stored.clone();
         let path = self.path.clone();
-        let to_disk = stored.clone();
-        tokio::task::spawn_blocking(move || persist(&path, &to_disk))
+        persist_off_runtime(path, stored.clone(), self.inline)
             .await
-            .map_err(snap_write)?
             .map_err(snap_write)?;
         *lock(&self.current) = Some(stored.clone());
         self.info.snapshots.fetch_add(1, Ordering::Relaxed);
@@ -219,14 +242,36 @@ impl RaftStateMachine<TypeConfig> for ShardMachine {
         let mut state = lock(&self.state);
         for entry in entries {
             self.last_applied = Some(entry.log_id);
-            match entry.payload {
-                EntryPayload::Blank => out.push(Applies::default()),
-                EntryPayload::Normal(batch) => out.push(Applies(state.apply(&batch))),
+            let (applies, batch) = match entry.payload {
+                EntryPayload::Blank => (Applies::default(), None),
+                EntryPayload::Normal(batch) => {
+                    let applies = match &self.hooks.unsafe_apply_local_clock {
+                        // Negative control only: decide at this node's own clock reading.
+                        Some(clock) => {
+                            let mut local = batch.clone();
+                            local.time = clock.monotonic();
+                            Applies(state.apply(&local))
+                        }
+                        None => Applies(state.apply(&batch)),
+                    };
+                    (applies, Some(batch))
+                }
                 EntryPayload::Membership(m) => {
                     self.membership = StoredMembership::new(Some(entry.log_id), m);
-                    out.push(Applies::default());
+                    (Applies::default(), None)
                 }
+            };
+            if let Some(sink) = &self.hooks.applied {
+                sink(&AppliedEntry {
+                    node: self.node,
+                    group: self.group,
+                    term: entry.log_id.leader_id.term,
+                    index: entry.log_id.index,
+                    batch: batch.as_ref(),
+                    results: &applies.0,
+                });
             }
+            out.push(applies);
         }
         self.publish(&state, self.last_applied);
         Ok(out)
@@ -241,6 +286,7 @@ impl RaftStateMachine<TypeConfig> for ShardMachine {
             None => format!("g{}-empty-{n}", self.group),
         };
         ShardSnapshotBuilder {
+            inline: self.hooks.io_on_runtime,
             stored: Stored {
                 meta: SnapshotMeta {
                     last_log_id: self.last_applied,
@@ -273,10 +319,8 @@ impl RaftStateMachine<TypeConfig> for ShardMachine {
         };
         // On disk first: once installed, openraft may purge the log it replaces.
         let path = self.path.clone();
-        let to_disk = stored.clone();
-        tokio::task::spawn_blocking(move || persist(&path, &to_disk))
+        persist_off_runtime(path, stored.clone(), self.hooks.io_on_runtime)
             .await
-            .map_err(snap_write)?
             .map_err(snap_write)?;
         self.restore(meta.clone(), &stored.data).map_err(sm_read)?;
         self.info.installed.fetch_add(1, Ordering::Relaxed);

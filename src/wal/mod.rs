@@ -112,6 +112,11 @@ pub struct WalOptions {
     /// 8 MiB, before compaction and on close) as a volatile disk cache would, so that a
     /// process crash loses acknowledged records the way a power cut loses unsynced ones.
     pub unsafe_volatile: bool,
+    /// Run the writer as a task on the opener's tokio runtime, doing its file I/O inline
+    /// (blocking that runtime for each batch), instead of on its own thread. For the
+    /// deterministic simulation only: a thread's progress is outside simulated time, a task
+    /// on the simulated host's runtime is not. Must be opened from within a tokio runtime.
+    pub writer_on_runtime: bool,
 }
 
 impl Default for WalOptions {
@@ -123,6 +128,7 @@ impl Default for WalOptions {
             compact_bytes: 64 << 20,
             sync: true,
             unsafe_volatile: false,
+            writer_on_runtime: false,
         }
     }
 }
@@ -318,14 +324,19 @@ impl Wal {
             seq: opened.seq,
             len: opened.len,
         };
-        let writer = writer::spawn(segment, rx, Arc::clone(&shared), settings)?;
+        let writer = if options.writer_on_runtime {
+            writer::spawn_task(segment, rx, Arc::clone(&shared), settings);
+            None
+        } else {
+            Some(writer::spawn(segment, rx, Arc::clone(&shared), settings)?)
+        };
         let inner = Inner {
             tx: Some(tx),
             budget: Arc::new(Semaphore::new(options.queue_bytes)),
             shared,
             max_record_bytes: options.max_record_bytes,
             max_submission: options.max_submission(),
-            writer: Some(writer),
+            writer,
         };
         Ok((
             Wal {

@@ -137,6 +137,27 @@ pub fn spawn(
         .spawn(move || Writer::new(segment, shared, settings).run(rx))
 }
 
+/// Starts the writer as a task on the current tokio runtime (see
+/// `WalOptions::writer_on_runtime`): the same loop, its I/O done inline. Dropping the runtime
+/// drops the writer with whatever its `volatile` cache holds, as a crash would.
+pub fn spawn_task(
+    segment: Segment,
+    mut rx: mpsc::Receiver<Request>,
+    shared: Arc<Shared>,
+    settings: Settings,
+) {
+    let mut writer = Writer::new(segment, shared, settings);
+    tokio::spawn(async move {
+        let mut waiting: Vec<Request> = Vec::new();
+        let mut batch: Vec<u8> = Vec::new();
+        while let Some(first) = rx.recv().await {
+            waiting.push(first);
+            writer.write_waiting(&mut rx, &mut waiting, &mut batch);
+        }
+        let _ = writer.flush_cache();
+    });
+}
+
 type Poison = (io::ErrorKind, String);
 
 struct Writer {
@@ -174,37 +195,48 @@ impl Writer {
         let mut batch: Vec<u8> = Vec::new();
         while let Some(first) = rx.blocking_recv() {
             waiting.push(first);
-            while waiting.len() < self.settings.max_batch {
-                match rx.try_recv() {
-                    Ok(next) => waiting.push(next),
-                    Err(_) => break,
-                }
-            }
-            let outcome = match &self.poisoned {
-                Some(reason) => Err(reason.clone()),
-                None => self
-                    .write_batch(&mut batch, &waiting)
-                    .map_err(|e| (e.kind(), e.to_string())),
-            };
-            if let Err(reason) = &outcome {
-                self.poison(reason.clone());
-            }
-            for request in waiting.drain(..) {
-                let result = match &outcome {
-                    Ok(()) => Ok(()),
-                    Err((kind, msg)) => Err(io::Error::new(*kind, format!("wal poisoned: {msg}"))),
-                };
-                request.done.complete(result);
-            }
-            if batch.capacity() > KEEP_BATCH_CAPACITY {
-                batch = Vec::new();
-            }
-            if self.poisoned.is_none() && self.compaction_due() {
-                let _ = self.flush_cache();
-                self.compact();
-            }
+            self.write_waiting(&mut rx, &mut waiting, &mut batch);
         }
         let _ = self.flush_cache();
+    }
+
+    /// Takes what else is queued behind `waiting`'s first request, writes and syncs it all
+    /// once, completes every request in order, and compacts if due.
+    fn write_waiting(
+        &mut self,
+        rx: &mut mpsc::Receiver<Request>,
+        waiting: &mut Vec<Request>,
+        batch: &mut Vec<u8>,
+    ) {
+        while waiting.len() < self.settings.max_batch {
+            match rx.try_recv() {
+                Ok(next) => waiting.push(next),
+                Err(_) => break,
+            }
+        }
+        let outcome = match &self.poisoned {
+            Some(reason) => Err(reason.clone()),
+            None => self
+                .write_batch(batch, waiting)
+                .map_err(|e| (e.kind(), e.to_string())),
+        };
+        if let Err(reason) = &outcome {
+            self.poison(reason.clone());
+        }
+        for request in waiting.drain(..) {
+            let result = match &outcome {
+                Ok(()) => Ok(()),
+                Err((kind, msg)) => Err(io::Error::new(*kind, format!("wal poisoned: {msg}"))),
+            };
+            request.done.complete(result);
+        }
+        if batch.capacity() > KEEP_BATCH_CAPACITY {
+            *batch = Vec::new();
+        }
+        if self.poisoned.is_none() && self.compaction_due() {
+            let _ = self.flush_cache();
+            self.compact();
+        }
     }
 
     /// Writes out the `volatile` cache (a no-op without it).

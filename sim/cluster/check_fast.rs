@@ -1,0 +1,62 @@
+//! Invariant: a fast limit over-admits only within its bound.
+//!
+//! A fast check is answered by the shard leader from its speculative state (the committed
+//! state plus the entries it has in flight, at most `pipeline` = 4 per shard) while its lease
+//! holds (`millis_since_quorum_ack < election_timeout_min`), before the entry commits. The
+//! committed log itself is exact (apply decides, deterministically), so its admissions must
+//! keep the algorithm's bound like strict ones. The excess is the admissions clients were
+//! told of that the log does not hold as admissions: speculative answers whose entries were
+//! lost with a leader. The speculative state enforces the limit over everything in flight, so
+//! each lost batch of in-flight entries hands out at most one key's capacity again; the bound
+//! checked here is therefore `excess(key) <= capacity x (terms of the key's shard - 1)`
+//! (zero excess without a leader change).
+
+use super::bound;
+use super::history::{AppliedLog, History, Outcome};
+use crate::limiter::Nanos;
+use crate::shard::route::shard_of;
+use std::collections::BTreeMap;
+
+/// Measured excess: (total lost fast admissions, violations).
+pub fn check(
+    history: &History,
+    log: &AppliedLog,
+    decisions: &BTreeMap<&str, (bool, Nanos)>,
+    shards: u32,
+    is_fast: impl Fn(&str) -> bool,
+    capacity_of: impl Fn(&str) -> u64,
+) -> (u64, Vec<String>) {
+    let mut out: Vec<String> = super::check_strict::admissions(log, &is_fast)
+        .into_iter()
+        .filter_map(|(key, (limit, times))| {
+            bound::violation(limit, &times)
+                .map(|v| format!("fast: the committed log over-admits on {key}: {v}"))
+        })
+        .collect();
+    let terms = log.terms();
+    let mut excess: BTreeMap<String, u64> = BTreeMap::new();
+    for op in history
+        .ops
+        .iter()
+        .filter(|o| o.fast && o.outcome == Outcome::Allowed)
+    {
+        let id = format!("{}#0", op.id);
+        if !matches!(decisions.get(id.as_str()), Some((true, _))) {
+            *excess
+                .entry(format!("{}:{}", op.policy, op.key))
+                .or_default() += 1;
+        }
+    }
+    let total = excess.values().sum();
+    for (key, n) in excess {
+        let shard = shard_of(&key, shards) as u64;
+        let changes = terms.get(&shard).map_or(0, |t| t.len().saturating_sub(1)) as u64;
+        let bound = capacity_of(&key) * changes;
+        if n > bound {
+            out.push(format!(
+                "fast over-admission on {key}: {n} admissions told to clients are not in the log; bound {bound} ({changes} leader changes of shard {shard})"
+            ));
+        }
+    }
+    (total, out)
+}

@@ -1,0 +1,31 @@
+//! Invariant: no acknowledged strict admission is lost — across crashes, failovers and
+//! partitions. Every check a client was told was admitted under a strict policy is an
+//! admission in the committed log (under its request id), so a failover can never hand the
+//! same units out again.
+
+use super::history::{History, Outcome};
+use crate::limiter::Nanos;
+use std::collections::BTreeMap;
+
+pub fn check(history: &History, decisions: &BTreeMap<&str, (bool, Nanos)>) -> Vec<String> {
+    let mut out = Vec::new();
+    for op in history
+        .ops
+        .iter()
+        .filter(|o| !o.fast && o.outcome == Outcome::Allowed)
+    {
+        let id = format!("{}#0", op.id);
+        match decisions.get(id.as_str()) {
+            Some((true, _)) => {}
+            Some((false, _)) => out.push(format!(
+                "strict: {} ({} {}) was acknowledged as admitted but the log denied it",
+                op.id, op.policy, op.key
+            )),
+            None => out.push(format!(
+                "strict: {} ({} {}) was acknowledged as admitted but is in no node's applied log (lost)",
+                op.id, op.policy, op.key
+            )),
+        }
+    }
+    out
+}

@@ -1,0 +1,239 @@
+//! What happened in a run: every client operation, every fault, and every entry any node
+//! applied — the material the checkers judge — plus the event trace that must come out
+//! byte-identical for the same seed.
+
+use crate::limiter::{Limit, Nanos};
+use crate::raft::hooks::AppliedEntry;
+use crate::raft::NodeId;
+use crate::shard::command::{Applied, Command};
+use std::collections::BTreeMap;
+use std::fmt::Write as _;
+
+/// Per node, every shard's `(shard, applied index, state digest)`.
+pub type Digests = Vec<(NodeId, Vec<(u64, u64, u64)>)>;
+
+/// A key's admissions in the committed log: its limit and `(shard time, cost)` each.
+pub type Admissions<'a> = (&'a Limit, Vec<(Nanos, u64)>);
+
+/// How a client operation ended, as the client saw it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Outcome {
+    /// Still running when the workload stopped.
+    Pending,
+    Allowed,
+    Denied,
+    /// Definitely not applied (the connection was never made, or the node refused the input).
+    Failed(String),
+    /// It may or may not have been applied (a timeout, a broken connection, "unavailable").
+    Unknown(String),
+}
+
+/// One client operation: one single-item check with a unique request id.
+#[derive(Debug, Clone)]
+pub struct Op {
+    pub client: usize,
+    /// The request id the client sent (the log carries `"{id}#0"`).
+    pub id: String,
+    pub policy: String,
+    pub key: String,
+    pub fast: bool,
+    pub node: NodeId,
+    pub invoked: Nanos,
+    pub completed: Option<Nanos>,
+    pub outcome: Outcome,
+}
+
+/// A check as the log applied it.
+#[derive(Debug, Clone)]
+pub struct AppliedCheck {
+    pub request_id: Option<String>,
+    pub key: String,
+    pub limit: Limit,
+    pub cost: u64,
+    pub allowed: bool,
+    /// Answered from the idempotency table: consumed nothing.
+    pub replayed: bool,
+    /// Answered by `on_full` at the key cap.
+    pub fallback: bool,
+    /// The shard time it was decided at (the state's time: at least the batch's).
+    pub at: Nanos,
+}
+
+/// One log entry (of one group) as the first node to apply it saw it.
+#[derive(Debug, Clone)]
+pub struct AppliedRecord {
+    pub term: u64,
+    /// Shard time of the batch.
+    pub time: Nanos,
+    /// A digest of the batch and its results, to compare what different nodes applied.
+    pub digest: u64,
+    pub checks: Vec<AppliedCheck>,
+    /// The nodes that applied it.
+    pub nodes: Vec<NodeId>,
+}
+
+/// Every entry applied anywhere, keyed by (group, index): the committed log, as far as any
+/// node got. Two nodes applying different entries at the same place is a violation by itself.
+#[derive(Debug, Default)]
+pub struct AppliedLog {
+    pub entries: BTreeMap<(u64, u64), AppliedRecord>,
+    pub conflicts: Vec<String>,
+}
+
+impl AppliedLog {
+    pub fn record(&mut self, e: &AppliedEntry<'_>) {
+        let Some(batch) = e.batch else {
+            return;
+        };
+        let digest = {
+            let bytes =
+                bincode::serde::encode_to_vec((batch, e.results), bincode::config::standard())
+                    .unwrap_or_default();
+            crate::shard::route::fnv1a(&bytes)
+        };
+        if let Some(r) = self.entries.get_mut(&(e.group, e.index)) {
+            if r.digest != digest || r.term != e.term {
+                self.conflicts.push(format!(
+                    "shard {} index {}: node {} applied term {} digest {:x}, node(s) {:?} applied term {} digest {:x}",
+                    e.group, e.index, e.node, e.term, digest, r.nodes, r.term, r.digest
+                ));
+            }
+            if !r.nodes.contains(&e.node) {
+                r.nodes.push(e.node);
+            }
+            return;
+        }
+        let checks = batch
+            .commands
+            .iter()
+            .zip(e.results)
+            .filter_map(|(c, a)| match (c, a) {
+                (
+                    Command::Check {
+                        key,
+                        limit,
+                        cost,
+                        request_id,
+                        ..
+                    },
+                    Applied::Decided {
+                        decision,
+                        replayed,
+                        fallback,
+                        at,
+                    },
+                ) => Some(AppliedCheck {
+                    request_id: request_id.clone(),
+                    key: key.clone(),
+                    limit: limit.clone(),
+                    cost: *cost,
+                    allowed: decision.allowed(),
+                    replayed: *replayed,
+                    fallback: *fallback,
+                    at: *at,
+                }),
+                _ => None,
+            })
+            .collect();
+        self.entries.insert(
+            (e.group, e.index),
+            AppliedRecord {
+                term: e.term,
+                time: batch.time,
+                digest,
+                checks,
+                nodes: vec![e.node],
+            },
+        );
+    }
+
+    /// The first application of each request id that consumed (not a replay), with its
+    /// shard time: what the cluster decided for that request.
+    pub fn decisions(&self) -> BTreeMap<&str, (bool, Nanos)> {
+        let mut out = BTreeMap::new();
+        for r in self.entries.values() {
+            for c in &r.checks {
+                if let (Some(id), false) = (&c.request_id, c.replayed) {
+                    out.entry(id.as_str()).or_insert((c.allowed, c.at));
+                }
+            }
+        }
+        out
+    }
+
+    /// Leadership terms seen per shard (entries applied under each).
+    pub fn terms(&self) -> BTreeMap<u64, Vec<u64>> {
+        let mut out: BTreeMap<u64, Vec<u64>> = BTreeMap::new();
+        for ((g, _), r) in &self.entries {
+            let t = out.entry(*g).or_default();
+            if t.last() != Some(&r.term) {
+                t.push(r.term);
+            }
+        }
+        out
+    }
+}
+
+/// The run's history: operations in invocation order, and the trace.
+#[derive(Debug, Default)]
+pub struct History {
+    pub ops: Vec<Op>,
+    /// One line per event, in the order the (single-threaded) simulation produced them.
+    pub trace: String,
+    pub faults: u64,
+}
+
+/// Formats simulated nanoseconds as seconds with millisecond precision.
+pub fn secs(ns: Nanos) -> String {
+    format!("{}.{:03}", ns / 1_000_000_000, (ns / 1_000_000) % 1000)
+}
+
+impl History {
+    pub fn event(&mut self, at: Nanos, what: impl std::fmt::Display) {
+        let _ = writeln!(self.trace, "{} {what}", secs(at));
+    }
+
+    pub fn fault(&mut self, at: Nanos, what: impl std::fmt::Display) {
+        self.faults += 1;
+        self.event(at, format_args!("nemesis {what}"));
+    }
+
+    /// Starts an operation; returns its index.
+    pub fn invoke(&mut self, op: Op) -> usize {
+        self.event(
+            op.invoked,
+            format_args!(
+                "c{} invoke {} {} {} -> n{}",
+                op.client, op.id, op.policy, op.key, op.node
+            ),
+        );
+        self.ops.push(op);
+        self.ops.len() - 1
+    }
+
+    pub fn complete(&mut self, i: usize, at: Nanos, outcome: Outcome) {
+        let op = &mut self.ops[i];
+        op.completed = Some(at);
+        op.outcome = outcome;
+        let line = format!("c{} {} {:?}", op.client, op.id, op.outcome);
+        self.event(at, line);
+    }
+
+    /// 64-bit digest of the trace (FNV-1a), to compare runs.
+    pub fn trace_digest(&self) -> u64 {
+        crate::shard::route::fnv1a(self.trace.as_bytes())
+    }
+
+    /// Everything but the faults and the closing tally (for comparing runs whose faults
+    /// differ, like the skew scenarios: same operations, same answers, same applies).
+    pub fn ops_trace(&self) -> String {
+        self.trace
+            .lines()
+            .filter(|l| !l.contains(" nemesis ") && !l.contains(" end: "))
+            .fold(String::new(), |mut s, l| {
+                s.push_str(l);
+                s.push('\n');
+                s
+            })
+    }
+}

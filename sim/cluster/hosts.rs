@@ -1,0 +1,231 @@
+//! The simulated cluster's hosts: each runs the REAL node (`Node::start_member`) over
+//! turmoil's sockets and its own [`SimClock`], with its data directory OUTSIDE the host's
+//! closure, so a crash and restart (`bounce`) finds the node's disk as it was left.
+//!
+//! Durability model: files live on a real (preferably RAM-backed) file system, written by
+//! the WAL writer running as a task on the host (see `Hooks::io_on_runtime`). With
+//! `fsync` on (the default), a write is acknowledged only after it reached the file, and a
+//! crash keeps everything in the file: that models an fsync'd disk. With the "skip fsync"
+//! negative control the WAL holds acknowledged writes in process memory (its
+//! `unsafe_volatile` mode), and a crash drops them: that models unsynced writes lost.
+
+use super::history::{AppliedLog, History};
+use super::Options;
+use crate::clock::{SharedClock, SimClock};
+use crate::config::{ClusterSettings, NodeConfig};
+use crate::net::turmoil::{TurmoilConnector, TurmoilListener};
+use crate::node::Node;
+use crate::policy::PolicySet;
+use crate::raft::hooks::Hooks;
+use crate::raft::NodeId;
+use crate::service::Service;
+use std::collections::BTreeMap;
+use std::net::{IpAddr, Ipv4Addr, SocketAddr};
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+pub const PEER_PORT: u16 = 7000;
+pub const RESP_PORT: u16 = 6379;
+pub const HTTP_PORT: u16 = 8080;
+
+/// Everything about one node that outlives its host's software (a crash).
+pub struct NodeHandle {
+    pub id: NodeId,
+    pub name: String,
+    pub ip: IpAddr,
+    pub clock: Arc<SimClock>,
+    /// The running node's service (None while it is down).
+    pub service: Mutex<Option<Service>>,
+    /// Times the software started (seeds each start's nonces differently).
+    pub starts: AtomicU64,
+    /// True while the nemesis keeps it crashed.
+    pub down: std::sync::atomic::AtomicBool,
+    config: NodeConfig,
+    policies: PolicySet,
+    seed: u64,
+    history: Arc<Mutex<History>>,
+}
+
+impl NodeHandle {
+    pub fn resp_addr(&self) -> SocketAddr {
+        SocketAddr::new(self.ip, RESP_PORT)
+    }
+
+    /// The running node's service, if it is up.
+    pub fn service(&self) -> Option<Service> {
+        self.service
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone()
+    }
+
+    /// Forgets the running node (called when its host is crashed: the old instance's
+    /// memory must not outlive it).
+    pub fn forget(&self) {
+        let old = self
+            .service
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .take();
+        drop(old);
+    }
+
+    fn note(&self, what: impl std::fmt::Display) {
+        self.history
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .event(super::workload::now(), format_args!("{} {what}", self.name));
+    }
+
+    /// The host's software: start the node, then serve until crashed.
+    pub async fn run(self: Arc<Self>) -> turmoil::Result {
+        let any = |port| SocketAddr::new(IpAddr::V4(Ipv4Addr::UNSPECIFIED), port);
+        let peer = TurmoilListener::bind(any(PEER_PORT)).await?;
+        let resp = TurmoilListener::bind(any(RESP_PORT)).await?;
+        let http = TurmoilListener::bind(any(HTTP_PORT)).await?;
+        let start = self.starts.fetch_add(1, Ordering::SeqCst);
+        self.note(format_args!("start #{start}"));
+        let seed = super::derive(self.seed, &format!("node-{}-start-{start}", self.id));
+        let clock: SharedClock = self.clock.clone();
+        let node = Node::start_member(
+            self.config.clone(),
+            self.policies.clone(),
+            clock,
+            http,
+            resp,
+            peer,
+            TurmoilConnector,
+            seed,
+        )
+        .await?;
+        *self.service.lock().unwrap_or_else(|p| p.into_inner()) = Some(node.service().clone());
+        self.note("serving");
+        std::future::pending::<()>().await;
+        drop(node);
+        Ok(())
+    }
+}
+
+/// A directory removed when dropped: the nodes' disks for one run.
+pub struct RunDir(pub PathBuf);
+
+impl RunDir {
+    /// A fresh directory under /dev/shm when it exists (fsync there costs nothing), else the
+    /// system's temporary directory.
+    pub fn new(seed: u64) -> std::io::Result<RunDir> {
+        static N: AtomicU64 = AtomicU64::new(0);
+        let base = if std::path::Path::new("/dev/shm").is_dir() {
+            PathBuf::from("/dev/shm")
+        } else {
+            std::env::temp_dir()
+        };
+        let dir = base.join(format!(
+            "quorate-sim-{}-{seed}-{}",
+            std::process::id(),
+            N.fetch_add(1, Ordering::Relaxed)
+        ));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir)?;
+        Ok(RunDir(dir))
+    }
+}
+
+impl Drop for RunDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+/// Builds every node's handle. `ips` are the hosts' simulated addresses, in node order.
+pub fn handles(
+    opts: &Options,
+    ips: &[IpAddr],
+    dir: &RunDir,
+    policies: &PolicySet,
+    log: &Arc<Mutex<AppliedLog>>,
+    history: &Arc<Mutex<History>>,
+    epoch_ns: u64,
+) -> Vec<Arc<NodeHandle>> {
+    let members: BTreeMap<NodeId, String> = ips
+        .iter()
+        .enumerate()
+        .map(|(i, ip)| (i as NodeId + 1, SocketAddr::new(*ip, PEER_PORT).to_string()))
+        .collect();
+    ips.iter()
+        .enumerate()
+        .map(|(i, ip)| {
+            let id = i as NodeId + 1;
+            // Hosts disagree on their monotonic origin, as real machines do.
+            let origin = u64::from_le_bytes(
+                super::derive(opts.seed, &format!("clock-{id}"))[..8]
+                    .try_into()
+                    .unwrap_or_default(),
+            ) % (1 << 50);
+            let clock = Arc::new(SimClock::new(origin, epoch_ns));
+            let sink_log = log.clone();
+            let sink_history = history.clone();
+            let hooks = Hooks {
+                applied: Some(Arc::new(move |e| {
+                    sink_history
+                        .lock()
+                        .unwrap_or_else(|p| p.into_inner())
+                        .event(
+                            super::workload::now(),
+                            format_args!(
+                                "n{} apply shard {} term {} index {} ({} commands)",
+                                e.node,
+                                e.group,
+                                e.term,
+                                e.index,
+                                e.batch.map_or(0, |b| b.commands.len())
+                            ),
+                        );
+                    sink_log.lock().unwrap_or_else(|p| p.into_inner()).record(e)
+                })),
+                io_on_runtime: true,
+                unsafe_apply_local_clock: opts
+                    .controls
+                    .apply_local_clock
+                    .then(|| clock.clone() as SharedClock),
+                unsafe_answer_before_commit: opts.controls.answer_before_commit,
+            };
+            let mut config = NodeConfig {
+                data_dir: Some(dir.0.join(format!("n{id}"))),
+                shards: opts.shards,
+                decision_log_sample: 0.0,
+                ..NodeConfig::default()
+            };
+            config.cluster = Some(ClusterSettings {
+                node_id: id,
+                members: members.clone(),
+                peer_addr: SocketAddr::new(*ip, PEER_PORT),
+                secret: "quorate-simulation-secret".into(),
+                wal_sync: !opts.controls.skip_fsync,
+                heartbeat: Duration::from_millis(100),
+                election_timeout: Duration::from_millis(400),
+                unavailable_after: Duration::from_millis(500),
+                write_timeout: Duration::from_secs(1),
+                batch_max: 1024,
+                pipeline: 1,
+                snapshot_every: 20_000,
+                join: false,
+                hooks,
+            });
+            Arc::new(NodeHandle {
+                id,
+                name: format!("n{id}"),
+                ip: *ip,
+                clock,
+                service: Mutex::new(None),
+                starts: AtomicU64::new(0),
+                down: Default::default(),
+                config,
+                policies: policies.clone(),
+                seed: opts.seed,
+                history: history.clone(),
+            })
+        })
+        .collect()
+}

@@ -1,0 +1,572 @@
+//! `quorate sim cluster`: the deterministic simulation of a 3-node cluster under faults.
+//!
+//! turmoil runs every node — the REAL node, `Node::start_member`, with its WAL, Raft groups,
+//! peer transport and RESP API — as a simulated host on one thread, over simulated sockets
+//! (`net::turmoil`) and a simulated clock per host (`clock::SimClock`), so a run is a pure
+//! function of its seed. Clients ([`workload`]) send checks while the [`nemesis`] breaks the
+//! network, the nodes and their clocks; then everything is healed and the checkers judge the
+//! history, one invariant per file:
+//! - [`check_strict`] — strict limits never over-admit in any window;
+//! - [`check_fast`] — fast limits over-admit only within their bound;
+//! - [`check_lost`] — no acknowledged strict admission is lost;
+//! - [`check_agree`] — replicas applied the same log and agree once healed;
+//! - [`check_live`] — after healing, leaders everywhere and admissions within a bound;
+//! - determinism — the same seed gives a byte-identical trace ([`same_trace`]).
+//!
+//! Randomness, all derived from the one seed ([`derive`]): turmoil's world (`rng_seed`: link
+//! latencies, losses, and with `--cfg tokio_unstable` each host runtime's `select!` choices),
+//! the simulated epoch (fixed), each node's start (handshake nonces and openraft's election
+//! timeouts, through `raft::types::with_raft_seed`), each host's clock origin, each
+//! client's choices and retry jitter, and the nemesis. The WAL writer runs as a task on its
+//! host (a thread would run outside simulated time). Hash maps with random seeds exist in
+//! node code (foldhash in the shard tables) but no decision, message or trace depends on
+//! their order.
+
+pub mod bound;
+pub mod check_agree;
+pub mod check_fast;
+pub mod check_live;
+pub mod check_lost;
+pub mod check_strict;
+pub mod history;
+pub mod hosts;
+pub mod nemesis;
+pub mod sweep;
+pub mod workload;
+
+use crate::policy::Consistency;
+use crate::raft::NodeId;
+use crate::shard::route::shard_of;
+use history::{AppliedLog, History, Outcome};
+use hosts::NodeHandle;
+use nemesis::Nemesis;
+use std::sync::atomic::Ordering;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, UNIX_EPOCH};
+
+/// The simulated wall time at the start of every run (turmoil's default is the real clock).
+pub const EPOCH_SECS: u64 = 1_700_000_000;
+
+/// Switches that break one safety mechanism each (negative controls).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Controls {
+    /// Apply decides at the applying node's clock, not the batch's shard time.
+    pub apply_local_clock: bool,
+    /// Strict checks are answered before their entry commits.
+    pub answer_before_commit: bool,
+    /// The WAL acknowledges before it syncs and keeps writes in memory (lost on a crash).
+    pub skip_fsync: bool,
+}
+
+/// Who a scripted clock step hits.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Target {
+    /// The node leading this shard at the time.
+    LeaderOf(u64),
+    /// A node not leading this shard at the time.
+    FollowerOf(u64),
+}
+
+/// A scripted wall-clock step (the skew scenarios).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ClockStep {
+    pub at: Duration,
+    pub target: Target,
+    /// Nanoseconds; negative steps the wall clock back.
+    pub wall_by: i64,
+}
+
+#[derive(Debug, Clone)]
+pub struct Options {
+    pub seed: u64,
+    /// How long clients and the nemesis run; healing and checks follow.
+    pub duration: Duration,
+    pub nodes: usize,
+    pub shards: u32,
+    pub clients: usize,
+    pub keys: usize,
+    /// Each client waits a uniform time in this range (ms) between operations.
+    pub think_ms: (u64, u64),
+    pub nemesis: bool,
+    /// The nemesis picks a new fault every uniform time in this range.
+    pub fault_every: (Duration, Duration),
+    pub clock_script: Vec<ClockStep>,
+    pub controls: Controls,
+    /// The liveness bound after healing.
+    pub heal_within: Duration,
+}
+
+impl Default for Options {
+    fn default() -> Self {
+        Options {
+            seed: 1,
+            duration: Duration::from_secs(60),
+            nodes: 3,
+            shards: 4,
+            clients: 6,
+            keys: 300,
+            think_ms: (5, 40),
+            nemesis: true,
+            fault_every: (Duration::from_secs(2), Duration::from_secs(5)),
+            clock_script: Vec::new(),
+            controls: Controls::default(),
+            heal_within: Duration::from_secs(20),
+        }
+    }
+}
+
+/// What clients saw.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct OpCounts {
+    pub invoked: u64,
+    pub allowed: u64,
+    pub denied: u64,
+    pub failed: u64,
+    pub unknown: u64,
+    /// Unknown outcomes the applied logs show were admitted.
+    pub unknown_admitted: u64,
+}
+
+/// One run's result.
+#[derive(Debug)]
+pub struct Report {
+    pub seed: u64,
+    /// Simulated time, healing included.
+    pub simulated: Duration,
+    pub ops: OpCounts,
+    pub faults: u64,
+    /// Fast admissions told to clients that the log does not hold (within the bound unless
+    /// reported as a violation).
+    pub fast_excess: u64,
+    pub violations: Vec<String>,
+    pub history: History,
+}
+
+impl Report {
+    pub fn trace_digest(&self) -> u64 {
+        self.history.trace_digest()
+    }
+}
+
+/// 32 bytes for one purpose from the seed: SHA-256 of the seed and a label.
+pub fn derive(seed: u64, label: &str) -> [u8; 32] {
+    use sha2::Digest;
+    let mut h = sha2::Sha256::new();
+    h.update(seed.to_le_bytes());
+    h.update(label.as_bytes());
+    h.finalize().into()
+}
+
+/// The first line where two traces differ, or `None` when they are byte-identical.
+pub fn same_trace(a: &str, b: &str) -> Option<String> {
+    if a == b {
+        return None;
+    }
+    for (n, (x, y)) in a.lines().zip(b.lines()).enumerate() {
+        if x != y {
+            return Some(format!("line {}: `{x}` vs `{y}`", n + 1));
+        }
+    }
+    Some(format!(
+        "one trace is a prefix of the other ({} vs {} lines)",
+        a.lines().count(),
+        b.lines().count()
+    ))
+}
+
+/// The command that reproduces a run.
+pub fn reproduce(opts: &Options) -> String {
+    let d = Options::default();
+    let mut cmd = format!(
+        "quorate sim cluster --seed {} --duration {}s",
+        opts.seed,
+        opts.duration.as_secs()
+    );
+    if opts.shards != d.shards {
+        cmd += &format!(" --shards {}", opts.shards);
+    }
+    if opts.clients != d.clients {
+        cmd += &format!(" --clients {}", opts.clients);
+    }
+    if !opts.nemesis {
+        cmd += " --no-nemesis";
+    }
+    let c = opts.controls;
+    for (on, flag) in [
+        (c.apply_local_clock, " --unsafe-apply-local-clock"),
+        (c.answer_before_commit, " --unsafe-answer-before-commit"),
+        (c.skip_fsync, " --unsafe-skip-fsync"),
+    ] {
+        if on {
+            cmd += flag;
+        }
+    }
+    if !opts.clock_script.is_empty() {
+        cmd += " (with the test's scripted clock steps)";
+    }
+    cmd
+}
+
+fn ns(d: Duration) -> u64 {
+    u64::try_from(d.as_nanos()).unwrap_or(u64::MAX)
+}
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+/// True when every node is up and sees the same leader for every shard.
+fn leaders_agree(nodes: &[Arc<NodeHandle>], shards: u32) -> bool {
+    let mut views = Vec::new();
+    for n in nodes {
+        let Some(s) = n.service() else { return false };
+        let Some(c) = s.cluster() else { return false };
+        let v: Vec<Option<NodeId>> = c.status().iter().map(|g| g.leader).collect();
+        if v.len() != shards as usize || v.iter().any(Option::is_none) {
+            return false;
+        }
+        views.push(v);
+    }
+    views.windows(2).all(|w| w[0] == w[1])
+}
+
+fn digests(nodes: &[Arc<NodeHandle>]) -> history::Digests {
+    nodes
+        .iter()
+        .filter_map(|n| Some((n.id, n.service()?.cluster()?.digests())))
+        .collect()
+}
+
+thread_local! {
+    /// The reproduction command of the simulation running on this thread, for the panic hook.
+    static RUNNING: std::cell::RefCell<Option<String>> = const { std::cell::RefCell::new(None) };
+}
+
+/// A panic inside a simulated node (openraft asserts, for one) takes the whole process down
+/// — tokio shuts the host's runtime down inside the step, and that unwinds no further — so
+/// the seed is printed from the panic hook, before the default message.
+fn install_panic_hook() {
+    static ONCE: std::sync::Once = std::sync::Once::new();
+    ONCE.call_once(|| {
+        let default = std::panic::take_hook();
+        std::panic::set_hook(Box::new(move |info| {
+            if let Some(cmd) = RUNNING.with(|r| r.borrow().clone()) {
+                eprintln!("simulation panicked; reproduce: {cmd}");
+            }
+            default(info);
+        }));
+    });
+}
+
+/// Runs one simulation and checks it.
+pub fn run(opts: &Options) -> Report {
+    install_panic_hook();
+    RUNNING.with(|r| *r.borrow_mut() = Some(reproduce(opts)));
+    let report = run_checked(opts);
+    RUNNING.with(|r| *r.borrow_mut() = None);
+    report
+}
+
+fn run_checked(opts: &Options) -> Report {
+    let mut violations = Vec::new();
+    let dir = match hosts::RunDir::new(opts.seed) {
+        Ok(d) => d,
+        Err(e) => {
+            return Report {
+                seed: opts.seed,
+                simulated: Duration::ZERO,
+                ops: OpCounts::default(),
+                faults: 0,
+                fast_excess: 0,
+                violations: vec![format!("cannot create the nodes' directory: {e}")],
+                history: History::default(),
+            }
+        }
+    };
+    let total = opts.duration + opts.heal_within * 3 + Duration::from_secs(30);
+    let mut sim = turmoil::Builder::new()
+        .simulation_duration(total)
+        .tick_duration(Duration::from_millis(1))
+        .min_message_latency(nemesis::MIN_LATENCY)
+        .max_message_latency(nemesis::MAX_LATENCY)
+        .rng_seed(opts.seed)
+        .epoch(UNIX_EPOCH + Duration::from_secs(EPOCH_SECS))
+        .tcp_capacity(4096)
+        .build();
+    let names: Vec<String> = (1..=opts.nodes).map(|i| format!("n{i}")).collect();
+    let ips: Vec<_> = names.iter().map(|n| sim.lookup(n.as_str())).collect();
+    let log = Arc::new(Mutex::new(AppliedLog::default()));
+    let history = Arc::new(Mutex::new(History::default()));
+    let policies = workload::policies();
+    let nodes = hosts::handles(
+        opts,
+        &ips,
+        &dir,
+        &policies,
+        &log,
+        &history,
+        EPOCH_SECS * 1_000_000_000,
+    );
+    for n in &nodes {
+        let h = n.clone();
+        sim.host(n.name.as_str(), move || h.clone().run());
+    }
+    let stop_ns = ns(opts.duration);
+    for c in 0..opts.clients {
+        sim.client(
+            format!("c{c}"),
+            workload::client(c, opts.clone(), nodes.clone(), history.clone(), stop_ns),
+        );
+    }
+    let mut nemesis = Nemesis::new(opts.seed, opts.fault_every);
+    let mut script = opts.clock_script.clone();
+    script.sort_by_key(|s| s.at);
+    let mut script = script.into_iter().peekable();
+
+    // Whether every node that should run does; a node whose software ended by itself
+    // (a panic shuts its runtime down) is a violation.
+    let check_running = |sim: &mut turmoil::Sim<'_>, violations: &mut Vec<String>| -> bool {
+        for n in &nodes {
+            if !n.down.load(Ordering::SeqCst) && !sim.is_host_running(n.name.as_str()) {
+                violations.push(format!(
+                    "node {} stopped by itself at {} s (a panic or a startup error)",
+                    n.name,
+                    history::secs(ns(sim.elapsed()))
+                ));
+                return false;
+            }
+        }
+        true
+    };
+    let step = |sim: &mut turmoil::Sim<'_>, violations: &mut Vec<String>| -> bool {
+        match sim.step() {
+            Ok(_) => true,
+            Err(e) => {
+                violations.push(format!(
+                    "the simulation failed at {} s: {e}",
+                    history::secs(ns(sim.elapsed()))
+                ));
+                false
+            }
+        }
+    };
+
+    // 1. Workload under faults.
+    let mut alive = true;
+    while alive && sim.elapsed() < opts.duration {
+        let now = ns(sim.elapsed());
+        if opts.nemesis {
+            nemesis.step(&mut sim, &nodes, opts.shards, now, &mut lock(&history));
+        }
+        while script.peek().is_some_and(|s| ns(s.at) <= now) {
+            if let Some(s) = script.next() {
+                let (group, leader) = match s.target {
+                    Target::LeaderOf(g) | Target::FollowerOf(g) => {
+                        (g, nemesis::leader_of(&nodes, g))
+                    }
+                };
+                let victim = nodes.iter().find(|n| match s.target {
+                    Target::LeaderOf(_) => Some(n.id) == leader,
+                    Target::FollowerOf(_) => leader.is_some() && Some(n.id) != leader,
+                });
+                if let Some(v) = victim {
+                    v.clock.step_wall(s.wall_by);
+                    lock(&history).fault(
+                        now,
+                        format_args!(
+                            "clock {} (shard {group}'s {:?}) wall steps {} ms",
+                            v.name,
+                            s.target,
+                            s.wall_by / 1_000_000
+                        ),
+                    );
+                }
+            }
+        }
+        alive = step(&mut sim, &mut violations) && check_running(&mut sim, &mut violations);
+    }
+
+    // 2. Heal everything; clients have stopped.
+    let healed_at = ns(sim.elapsed());
+    nemesis.heal(&mut sim, &nodes, healed_at, &mut lock(&history));
+    let mut live = check_live::Liveness::default();
+    let within = ns(opts.heal_within);
+    if alive {
+        while ns(sim.elapsed()) - healed_at <= within {
+            if leaders_agree(&nodes, opts.shards) {
+                live.leaders_after = Some(ns(sim.elapsed()) - healed_at);
+                break;
+            }
+            for _ in 0..10 {
+                alive = alive && step(&mut sim, &mut violations);
+            }
+            alive = alive && check_running(&mut sim, &mut violations);
+            if !alive {
+                break;
+            }
+        }
+    }
+    // 3. One under-limit check per shard, retried until admitted or out of time.
+    let admitted: Arc<Mutex<Vec<Option<u64>>>> =
+        Arc::new(Mutex::new(vec![None; opts.shards as usize]));
+    if alive {
+        sim.client(
+            "probe",
+            probe(
+                opts.clone(),
+                nodes.clone(),
+                admitted.clone(),
+                healed_at,
+                healed_at + within,
+            ),
+        );
+        let mut done = false;
+        while alive && !done && ns(sim.elapsed()) - healed_at <= within + 1_000_000_000 {
+            match sim.step() {
+                Ok(finished) => done = finished,
+                Err(e) => {
+                    violations.push(format!("the simulation failed while probing: {e}"));
+                    alive = false;
+                }
+            }
+        }
+        alive = alive && check_running(&mut sim, &mut violations);
+    }
+    live.admitted_after = lock(&admitted).clone();
+    // 4. Let the replicas catch up, then compare them.
+    let mut final_digests = digests(&nodes);
+    if alive {
+        let until = ns(sim.elapsed()) + ns(opts.heal_within);
+        while ns(sim.elapsed()) < until {
+            final_digests = digests(&nodes);
+            let caught_up = final_digests.len() == nodes.len()
+                && final_digests.windows(2).all(|w| w[0].1 == w[1].1);
+            if caught_up {
+                break;
+            }
+            for _ in 0..50 {
+                alive = alive && step(&mut sim, &mut violations);
+            }
+            if !alive {
+                break;
+            }
+        }
+    }
+    let simulated = sim.elapsed();
+    // Stop every host before the directory goes (their runtimes hold its files).
+    drop(sim);
+    for n in &nodes {
+        n.forget();
+    }
+
+    let mut history = std::mem::take(&mut *lock(&history));
+    let log = std::mem::take(&mut *lock(&log));
+    let decisions = log.decisions();
+    let consistency = |storage_key: &str| {
+        let name = storage_key.split(':').next().unwrap_or("");
+        policies
+            .get(name)
+            .map(|(l, o)| (l.capacity(), o.consistency))
+    };
+    let mut ops = OpCounts::default();
+    for op in &history.ops {
+        ops.invoked += 1;
+        match &op.outcome {
+            Outcome::Allowed => ops.allowed += 1,
+            Outcome::Denied => ops.denied += 1,
+            Outcome::Failed(_) => ops.failed += 1,
+            Outcome::Unknown(_) | Outcome::Pending => {
+                ops.unknown += 1;
+                if matches!(
+                    decisions.get(format!("{}#0", op.id).as_str()),
+                    Some((true, _))
+                ) {
+                    ops.unknown_admitted += 1;
+                }
+            }
+        }
+    }
+    violations.extend(check_strict::check(&log, |k| {
+        consistency(k).is_some_and(|c| c.1 == Consistency::Strict)
+    }));
+    violations.extend(check_lost::check(&history, &decisions));
+    let (fast_excess, fast) = check_fast::check(
+        &history,
+        &log,
+        &decisions,
+        opts.shards,
+        |k| consistency(k).is_some_and(|c| c.1 == Consistency::Fast),
+        |k| consistency(k).map_or(0, |c| c.0),
+    );
+    violations.extend(fast);
+    if alive {
+        violations.extend(check_agree::check(&log, &final_digests));
+        violations.extend(check_live::check(&live, opts.heal_within));
+    } else {
+        violations.extend(check_agree::check(&log, &Vec::new()));
+    }
+    let end = format!(
+        "end: {} ops, {} faults, {} violations",
+        ops.invoked,
+        history.faults,
+        violations.len()
+    );
+    history.event(ns(simulated), end);
+    drop(dir);
+    Report {
+        seed: opts.seed,
+        simulated,
+        ops,
+        faults: history.faults,
+        fast_excess,
+        violations,
+        history,
+    }
+}
+
+/// After healing: one fresh key per shard under a strict limit, retried (on the next node)
+/// until admitted; records how long after the heal each shard admitted.
+async fn probe(
+    opts: Options,
+    nodes: Vec<Arc<NodeHandle>>,
+    admitted: Arc<Mutex<Vec<Option<u64>>>>,
+    healed_at: u64,
+    deadline: u64,
+) -> turmoil::Result {
+    use crate::client::{Client, ClientConfig};
+    use crate::net::turmoil::TurmoilConnector;
+    let clients: Vec<_> = nodes
+        .iter()
+        .map(|n| {
+            Client::with_connector(
+                n.resp_addr(),
+                TurmoilConnector,
+                ClientConfig {
+                    connections: 1,
+                    timeout: Duration::from_secs(2),
+                    jitter_seed: 0,
+                },
+            )
+        })
+        .collect();
+    for shard in 0..opts.shards {
+        let key = (0..)
+            .map(|i| format!("probe-{i}"))
+            .find(|k| shard_of(&format!("tb_strict:{k}"), opts.shards) == shard)
+            .unwrap_or_default();
+        let mut attempt = 0usize;
+        while workload::now() < deadline {
+            let c = &clients[attempt % clients.len()];
+            let id = format!("probe-{shard}-{attempt}");
+            attempt += 1;
+            if let Ok(a) = c.check(&[("tb_strict", key.as_str(), 1)], Some(&id)).await {
+                if a.allowed {
+                    lock(&admitted)[shard as usize] = Some(workload::now() - healed_at);
+                    break;
+                }
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+    Ok(())
+}

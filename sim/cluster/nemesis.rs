@@ -1,0 +1,223 @@
+//! The nemesis: every few simulated seconds it heals what it broke and picks a new fault —
+//! isolate a shard's leader or a follower from the other nodes, a one-way partition, hold a
+//! link's messages then release them, a latency spike, packet loss on a link, crash a node
+//! and restart it from its disk, or disturb one host's clock (a wall-clock jump of up to
+//! +/-300 s, a drift of up to +/-2 %, a backward wall step). Clock faults persist; the rest
+//! last until the next pick. At most one node is down at a time, so a majority can always
+//! form once the network heals.
+
+use super::history::History;
+use super::hosts::NodeHandle;
+use crate::raft::NodeId;
+use rand::{Rng, SeedableRng};
+use rand_chacha::ChaCha8Rng;
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::time::Duration;
+use turmoil::Sim;
+
+/// The links' normal latency bounds.
+pub const MIN_LATENCY: Duration = Duration::from_millis(1);
+pub const MAX_LATENCY: Duration = Duration::from_millis(10);
+
+/// A fault in force, to be healed.
+#[derive(Debug, Clone)]
+enum Active {
+    Partition(usize, usize),
+    OneWay(usize, usize),
+    Hold(usize, usize),
+    Latency(usize, usize),
+    Loss(usize, usize),
+    Crashed(usize),
+}
+
+pub struct Nemesis {
+    rng: ChaCha8Rng,
+    next_at: u64,
+    every: (Duration, Duration),
+    active: Vec<Active>,
+}
+
+/// The leader of `group` as the running nodes see it (the first answer found).
+pub fn leader_of(nodes: &[Arc<NodeHandle>], group: u64) -> Option<NodeId> {
+    nodes.iter().find_map(|n| {
+        let s = n.service()?;
+        let c = s.cluster()?;
+        c.status().get(group as usize)?.leader
+    })
+}
+
+fn index_of(nodes: &[Arc<NodeHandle>], id: NodeId) -> Option<usize> {
+    nodes.iter().position(|n| n.id == id)
+}
+
+impl Nemesis {
+    pub fn new(seed: u64, every: (Duration, Duration)) -> Nemesis {
+        Nemesis {
+            rng: ChaCha8Rng::from_seed(super::derive(seed, "nemesis")),
+            next_at: 3_000_000_000,
+            every,
+            active: Vec::new(),
+        }
+    }
+
+    /// Called before each simulation step at simulated time `now`.
+    pub fn step(
+        &mut self,
+        sim: &mut Sim<'_>,
+        nodes: &[Arc<NodeHandle>],
+        shards: u32,
+        now: u64,
+        history: &mut History,
+    ) {
+        if now < self.next_at {
+            return;
+        }
+        self.heal(sim, nodes, now, history);
+        let (lo, hi) = (
+            self.every.0.as_millis() as u64,
+            self.every.1.as_millis() as u64,
+        );
+        self.next_at = now + self.rng.random_range(lo..=hi.max(lo)) * 1_000_000;
+        self.strike(sim, nodes, shards, now, history);
+    }
+
+    fn pair(&mut self, n: usize) -> (usize, usize) {
+        let a = self.rng.random_range(0..n);
+        let b = (a + self.rng.random_range(1..n)) % n;
+        (a, b)
+    }
+
+    fn strike(
+        &mut self,
+        sim: &mut Sim<'_>,
+        nodes: &[Arc<NodeHandle>],
+        shards: u32,
+        now: u64,
+        history: &mut History,
+    ) {
+        let n = nodes.len();
+        let name = |i: usize| nodes[i].name.clone();
+        match self.rng.random_range(0..10u32) {
+            0 | 1 => {
+                // Isolate a shard's leader (0) or a follower of it (1) from the other nodes.
+                let group = self.rng.random_range(0..shards.max(1)) as u64;
+                let leader = leader_of(nodes, group).and_then(|id| index_of(nodes, id));
+                let leader = leader.unwrap_or_else(|| self.rng.random_range(0..n));
+                let victim = if self.rng.random_bool(0.5) {
+                    leader
+                } else {
+                    (leader + self.rng.random_range(1..n)) % n
+                };
+                for other in (0..n).filter(|&o| o != victim) {
+                    sim.partition(name(victim), name(other));
+                    self.active.push(Active::Partition(victim, other));
+                }
+                let role = if victim == leader {
+                    "leader"
+                } else {
+                    "a follower"
+                };
+                history.fault(
+                    now,
+                    format_args!("isolate {} ({role} of shard {group})", name(victim)),
+                );
+            }
+            2 => {
+                let (a, b) = self.pair(n);
+                sim.partition_oneway(name(a), name(b));
+                self.active.push(Active::OneWay(a, b));
+                history.fault(now, format_args!("drop {} -> {}", name(a), name(b)));
+            }
+            3 => {
+                let (a, b) = self.pair(n);
+                sim.hold(name(a), name(b));
+                self.active.push(Active::Hold(a, b));
+                history.fault(now, format_args!("hold {} <-> {}", name(a), name(b)));
+            }
+            4 => {
+                let (a, b) = self.pair(n);
+                let ms = self.rng.random_range(100..=1500u64);
+                sim.set_link_max_message_latency(name(a), name(b), Duration::from_millis(ms));
+                self.active.push(Active::Latency(a, b));
+                history.fault(
+                    now,
+                    format_args!("latency {} <-> {} up to {ms} ms", name(a), name(b)),
+                );
+            }
+            5 => {
+                let (a, b) = self.pair(n);
+                let rate = self.rng.random_range(1..=20u32) as f64 / 1000.0;
+                sim.set_link_fail_rate(name(a), name(b), rate);
+                self.active.push(Active::Loss(a, b));
+                history.fault(
+                    now,
+                    format_args!("loss {} <-> {} rate {rate}", name(a), name(b)),
+                );
+            }
+            6 => {
+                let v = self.rng.random_range(0..n);
+                sim.crash(name(v));
+                nodes[v].forget();
+                nodes[v].down.store(true, Ordering::SeqCst);
+                self.active.push(Active::Crashed(v));
+                history.fault(now, format_args!("crash {}", name(v)));
+            }
+            7 => {
+                let v = self.rng.random_range(0..n);
+                let by = self.rng.random_range(-300_000i64..=300_000) * 1_000_000;
+                nodes[v].clock.step_wall(by);
+                history.fault(
+                    now,
+                    format_args!("clock {} wall jumps {} ms", name(v), by / 1_000_000),
+                );
+            }
+            8 => {
+                let v = self.rng.random_range(0..n);
+                let ppm = self.rng.random_range(-20_000i64..=20_000);
+                nodes[v].clock.set_drift_ppm(Duration::from_nanos(now), ppm);
+                history.fault(now, format_args!("clock {} drifts {ppm} ppm", name(v)));
+            }
+            _ => {
+                let v = self.rng.random_range(0..n);
+                let back = self.rng.random_range(1..=60_000i64) * 1_000_000;
+                nodes[v].clock.step_wall(-back);
+                history.fault(
+                    now,
+                    format_args!("clock {} wall steps back {} ms", name(v), back / 1_000_000),
+                );
+            }
+        }
+    }
+
+    /// Heals every fault in force (restarting a crashed node from its disk).
+    pub fn heal(
+        &mut self,
+        sim: &mut Sim<'_>,
+        nodes: &[Arc<NodeHandle>],
+        now: u64,
+        history: &mut History,
+    ) {
+        if self.active.is_empty() {
+            return;
+        }
+        let name = |i: usize| nodes[i].name.clone();
+        for a in std::mem::take(&mut self.active) {
+            match a {
+                Active::Partition(x, y) => sim.repair(name(x), name(y)),
+                Active::OneWay(x, y) => sim.repair_oneway(name(x), name(y)),
+                Active::Hold(x, y) => sim.release(name(x), name(y)),
+                Active::Latency(x, y) => {
+                    sim.set_link_max_message_latency(name(x), name(y), MAX_LATENCY)
+                }
+                Active::Loss(x, y) => sim.set_link_fail_rate(name(x), name(y), 0.0),
+                Active::Crashed(v) => {
+                    nodes[v].down.store(false, Ordering::SeqCst);
+                    sim.bounce(name(v));
+                    history.event(now, format_args!("nemesis restart {}", name(v)));
+                }
+            }
+        }
+        history.event(now, "nemesis heal");
+    }
+}

@@ -1,0 +1,178 @@
+//! The clients: each picks a key from a Zipf distribution over a few hundred keys and a
+//! policy (strict and fast, token bucket, GCRA and sliding log), sends one single-item check
+//! with a unique request id to a random node over RESP, and records the operation —
+//! invoked, then allowed, denied, failed or unknown — in the shared history.
+
+use super::history::{History, Op, Outcome};
+use super::hosts::NodeHandle;
+use super::Options;
+use crate::client::{Client, ClientConfig, ClientError};
+use crate::net::turmoil::TurmoilConnector;
+use crate::policy::{Consistency, PolicySet};
+use rand::{Rng, SeedableRng};
+use rand_chacha::ChaCha8Rng;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+/// The policies the clients spend: every algorithm the checkers bound, strict and fast.
+/// Limits are small so hot keys hit them all the time.
+pub const POLICIES: &str = r#"
+[limits.tb_strict]
+algorithm = "token_bucket"
+limit = 2
+period = "1s"
+burst = 4
+consistency = "strict"
+
+[limits.gcra_strict]
+algorithm = "gcra"
+limit = 2
+period = "1s"
+burst = 3
+consistency = "strict"
+
+[limits.log_strict]
+algorithm = "sliding_log"
+limit = 4
+period = "2s"
+consistency = "strict"
+
+[limits.tb_fast]
+algorithm = "token_bucket"
+limit = 2
+period = "1s"
+burst = 4
+consistency = "fast"
+
+[limits.gcra_fast]
+algorithm = "gcra"
+limit = 2
+period = "1s"
+burst = 3
+consistency = "fast"
+
+[limits.log_fast]
+algorithm = "sliding_log"
+limit = 4
+period = "2s"
+consistency = "fast"
+"#;
+
+pub fn policies() -> PolicySet {
+    PolicySet::from_toml(POLICIES).expect("the simulation's policies are valid")
+}
+
+/// Zipf(s) over `n` ranks, by inverse CDF.
+pub struct Zipf {
+    cdf: Vec<f64>,
+}
+
+impl Zipf {
+    pub fn new(n: usize, s: f64) -> Zipf {
+        let mut acc = 0.0;
+        let mut cdf: Vec<f64> = (1..=n.max(1))
+            .map(|k| {
+                acc += 1.0 / (k as f64).powf(s);
+                acc
+            })
+            .collect();
+        for c in &mut cdf {
+            *c /= acc;
+        }
+        Zipf { cdf }
+    }
+
+    pub fn sample(&self, rng: &mut impl Rng) -> usize {
+        let u: f64 = rng.random();
+        self.cdf.partition_point(|&c| c < u).min(self.cdf.len() - 1)
+    }
+}
+
+/// Simulated nanoseconds since the simulation began (inside a host or client).
+pub fn now() -> u64 {
+    turmoil::sim_elapsed()
+        .map(|d| u64::try_from(d.as_nanos()).unwrap_or(u64::MAX))
+        .unwrap_or(0)
+}
+
+/// One client's loop, until simulated time `stop_ns`.
+pub async fn client(
+    index: usize,
+    opts: Options,
+    nodes: Vec<Arc<NodeHandle>>,
+    history: Arc<Mutex<History>>,
+    stop_ns: u64,
+) -> turmoil::Result {
+    let mut rng = ChaCha8Rng::from_seed(super::derive(opts.seed, &format!("client-{index}")));
+    let set = policies();
+    let names: Vec<(String, bool)> = set
+        .limits
+        .keys()
+        .map(|n| {
+            let fast = set
+                .get(n)
+                .is_some_and(|(_, o)| o.consistency == Consistency::Fast);
+            (n.clone(), fast)
+        })
+        .collect();
+    let zipf = Zipf::new(opts.keys, 1.1);
+    let clients: Vec<Client<TurmoilConnector>> = nodes
+        .iter()
+        .enumerate()
+        .map(|(i, n)| {
+            Client::with_connector(
+                n.resp_addr(),
+                TurmoilConnector,
+                ClientConfig {
+                    connections: 1,
+                    timeout: Duration::from_secs(4),
+                    jitter_seed: (index * 16 + i) as u64,
+                },
+            )
+        })
+        .collect();
+    // Let the first elections settle before the first check.
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let mut n = 0u64;
+    while now() < stop_ns {
+        let think = rng.random_range(opts.think_ms.0..=opts.think_ms.1);
+        tokio::time::sleep(Duration::from_millis(think)).await;
+        if now() >= stop_ns {
+            break;
+        }
+        let (policy, fast) = names[rng.random_range(0..names.len())].clone();
+        let key = format!("k{}", zipf.sample(&mut rng));
+        let target = rng.random_range(0..nodes.len());
+        let id = format!("c{index}-{n}");
+        n += 1;
+        let op = history
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .invoke(Op {
+                client: index,
+                id: id.clone(),
+                policy: policy.clone(),
+                key: key.clone(),
+                fast,
+                node: nodes[target].id,
+                invoked: now(),
+                completed: None,
+                outcome: Outcome::Pending,
+            });
+        let answer = clients[target]
+            .check(&[(policy.as_str(), key.as_str(), 1)], Some(&id))
+            .await;
+        let outcome = match answer {
+            Ok(a) if a.allowed => Outcome::Allowed,
+            Ok(_) => Outcome::Denied,
+            Err(ClientError::Connect(e)) => Outcome::Failed(format!("connect: {e}")),
+            Err(ClientError::Server(e)) => Outcome::Failed(format!("server: {e}")),
+            Err(e) => Outcome::Unknown(e.to_string()),
+        };
+        history
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .complete(op, now(), outcome);
+    }
+    Ok(())
+}

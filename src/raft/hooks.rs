@@ -1,0 +1,60 @@
+//! Hooks for the deterministic simulation and its negative controls. A production node has
+//! them all unset (`Hooks::default()`), and nothing in the configuration file or the CLI of
+//! `quorate node` can set them: only code that builds a `ClusterSettings` itself (the
+//! simulation in `sim/cluster/`) can.
+//!
+//! - `applied` sees every entry a node's state machine applies, so the simulation's checkers
+//!   can resolve unknown client outcomes and compare replicas' applied logs.
+//! - `io_on_runtime` runs the WAL writer as a task on the host's runtime (a thread's
+//!   timing is outside simulated time; see `WalOptions::writer_on_runtime`).
+//! - the `unsafe_*` switches break one safety mechanism each, so the simulation's checkers
+//!   can be SEEN to fail (docs/verification.md, "Negative controls").
+
+use super::types::{GroupId, NodeId};
+use crate::clock::SharedClock;
+use crate::shard::command::{Applied, Batch};
+use std::sync::Arc;
+
+/// One entry a node applied.
+pub struct AppliedEntry<'a> {
+    pub node: NodeId,
+    pub group: GroupId,
+    pub term: u64,
+    pub index: u64,
+    /// The batch (`None` for blank and membership entries).
+    pub batch: Option<&'a Batch>,
+    /// What applying it answered, one per command.
+    pub results: &'a [Applied],
+}
+
+/// Called for every applied entry, on the applying task: must be quick and must not block.
+pub type AppliedSink = Arc<dyn Fn(&AppliedEntry<'_>) + Send + Sync>;
+
+#[derive(Clone, Default)]
+pub struct Hooks {
+    pub applied: Option<AppliedSink>,
+    pub io_on_runtime: bool,
+    /// UNSAFE negative control: apply decides at this node's clock reading instead of the
+    /// batch's shard time (replicas diverge; windows are no longer the log's).
+    pub unsafe_apply_local_clock: Option<SharedClock>,
+    /// UNSAFE negative control: strict checks are answered from the leader's speculative
+    /// state as soon as their entry is submitted, before it commits, lease or not.
+    pub unsafe_answer_before_commit: bool,
+}
+
+impl std::fmt::Debug for Hooks {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Hooks")
+            .field("applied", &self.applied.is_some())
+            .field("io_on_runtime", &self.io_on_runtime)
+            .field(
+                "unsafe_apply_local_clock",
+                &self.unsafe_apply_local_clock.is_some(),
+            )
+            .field(
+                "unsafe_answer_before_commit",
+                &self.unsafe_answer_before_commit,
+            )
+            .finish()
+    }
+}

@@ -1,0 +1,245 @@
+//! The deterministic simulation of the cluster (`quorate::sim::cluster`): a budgeted seed
+//! sweep under the full nemesis, named regression seeds, determinism, the clock-skew
+//! scenarios, and the negative controls (ignored: run them with
+//! `cargo test --test sim_cluster -- --ignored`; each must report violations).
+//!
+//! A failing seed prints the command that reproduces it (`quorate sim cluster --seed N ...`).
+
+use quorate::sim::cluster::{
+    reproduce, run, same_trace, sweep::sweep, ClockStep, Controls, Options, Report, Target,
+};
+use std::time::Duration;
+
+/// Seeds in the sweep (per test; four tests share the sweep so both cores work). Override
+/// with QUORATE_SIM_SEEDS (per test) for a longer local run.
+fn seeds_per_part() -> u64 {
+    std::env::var("QUORATE_SIM_SEEDS")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(25)
+}
+
+fn sweep_options() -> Options {
+    Options {
+        duration: Duration::from_secs(20),
+        ..Options::default()
+    }
+}
+
+fn assert_clean(r: &Report, opts: &Options) {
+    assert!(
+        r.violations.is_empty(),
+        "seed {} violated invariants:\n  {}\nreproduce: {}",
+        r.seed,
+        r.violations.join("\n  "),
+        reproduce(opts)
+    );
+}
+
+fn sweep_part(part: u64) {
+    let base = sweep_options();
+    let n = seeds_per_part();
+    let s = sweep(&base, 1000 + part * n, n, None, |_, _| {});
+    assert!(s.failing.is_empty(), "{}", s.summary(&base));
+    // The runs did real work under real faults.
+    assert!(s.ops.allowed > 0 && s.ops.denied > 0 && s.faults > n);
+    eprintln!("{}", s.summary(&base));
+}
+
+#[test]
+fn sweep_part_1_of_4_finds_no_violation() {
+    sweep_part(0);
+}
+
+#[test]
+fn sweep_part_2_of_4_finds_no_violation() {
+    sweep_part(1);
+}
+
+#[test]
+fn sweep_part_3_of_4_finds_no_violation() {
+    sweep_part(2);
+}
+
+#[test]
+fn sweep_part_4_of_4_finds_no_violation() {
+    sweep_part(3);
+}
+
+/// Two fresh processes, the same seed (60 s with crashes, partitions and clock faults): the
+/// same bytes. (Within one process a second run is not yet identical after a crash fault:
+/// docs/verification.md, "Known gaps".)
+#[test]
+fn the_same_seed_gives_a_byte_identical_trace() {
+    let dir = std::env::temp_dir();
+    let trace = |tag: &str| {
+        let file = dir.join(format!("quorate-det-{}-{tag}.txt", std::process::id()));
+        let status = std::process::Command::new(env!("CARGO_BIN_EXE_quorate"))
+            .args(["sim", "cluster", "--seed", "5021", "--duration", "60"])
+            .arg("--trace")
+            .arg(&file)
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .status()
+            .unwrap();
+        assert!(
+            status.success(),
+            "quorate sim cluster --seed 5021 --duration 60 failed"
+        );
+        let text = std::fs::read_to_string(&file).unwrap();
+        let _ = std::fs::remove_file(&file);
+        text
+    };
+    let a = trace("a");
+    let b = trace("b");
+    assert!(a.contains("nemesis crash") && a.lines().count() > 1000);
+    assert_eq!(same_trace(&a, &b), None);
+    // And another seed gives another trace (the seed reaches the run).
+    let c = run(&Options {
+        seed: 8,
+        ..sweep_options()
+    });
+    assert_ne!(a, c.history.trace);
+}
+
+/// A run without the nemesis, with scripted wall-clock steps, must decide exactly as the
+/// same seed without them: decisions read only shard time (from monotonic clocks).
+fn skew_changes_no_decision(script: Vec<ClockStep>) {
+    let plain = Options {
+        seed: 42,
+        nemesis: false,
+        duration: Duration::from_secs(20),
+        ..Options::default()
+    };
+    let skewed = Options {
+        clock_script: script,
+        ..plain.clone()
+    };
+    let a = run(&plain);
+    let b = run(&skewed);
+    assert_clean(&a, &plain);
+    assert_clean(&b, &skewed);
+    assert_eq!(
+        b.faults as usize,
+        skewed.clock_script.len(),
+        "every step hit"
+    );
+    assert!(a.ops.allowed > 0 && a.ops.denied > 0);
+    assert_eq!(
+        same_trace(&a.history.ops_trace(), &b.history.ops_trace()),
+        None
+    );
+}
+
+const S: i64 = 1_000_000_000;
+
+#[test]
+fn a_leader_300_s_ahead_changes_no_decision() {
+    skew_changes_no_decision(vec![ClockStep {
+        at: Duration::from_secs(3),
+        target: Target::LeaderOf(0),
+        wall_by: 300 * S,
+    }]);
+}
+
+#[test]
+fn a_follower_300_s_behind_changes_no_decision() {
+    skew_changes_no_decision(vec![ClockStep {
+        at: Duration::from_secs(3),
+        target: Target::FollowerOf(0),
+        wall_by: -300 * S,
+    }]);
+}
+
+#[test]
+fn a_leader_wall_clock_stepping_back_60_s_mid_window_changes_no_decision() {
+    skew_changes_no_decision(vec![
+        ClockStep {
+            at: Duration::from_secs(6),
+            target: Target::LeaderOf(0),
+            wall_by: -60 * S,
+        },
+        ClockStep {
+            at: Duration::from_secs(6) + Duration::from_millis(500),
+            target: Target::LeaderOf(1),
+            wall_by: -60 * S,
+        },
+    ]);
+}
+
+/// Runs seeds from `first` until one reports a violation; returns it.
+fn first_violation(controls: Controls, first: u64, tries: u64) -> Option<Report> {
+    (first..first + tries).find_map(|seed| {
+        let r = run(&Options {
+            seed,
+            controls,
+            ..sweep_options()
+        });
+        eprintln!("seed {seed}: {} violations", r.violations.len());
+        (!r.violations.is_empty()).then_some(r)
+    })
+}
+
+#[test]
+#[ignore = "negative control: run with --ignored; must find violations"]
+fn negative_control_apply_reading_the_local_clock_is_caught() {
+    let r = first_violation(
+        Controls {
+            apply_local_clock: true,
+            ..Controls::default()
+        },
+        1,
+        10,
+    )
+    .expect("apply at the local clock went unnoticed");
+    eprintln!(
+        "seed {}: {:#?}",
+        r.seed,
+        &r.violations[..r.violations.len().min(5)]
+    );
+}
+
+#[test]
+#[ignore = "negative control: run with --ignored; must find violations"]
+fn negative_control_answering_strict_checks_before_commit_is_caught() {
+    let r = first_violation(
+        Controls {
+            answer_before_commit: true,
+            ..Controls::default()
+        },
+        1,
+        20,
+    )
+    .expect("answers before commit went unnoticed");
+    eprintln!(
+        "seed {}: {:#?}",
+        r.seed,
+        &r.violations[..r.violations.len().min(5)]
+    );
+}
+
+/// Skipping fsync (acknowledging WAL writes held in memory, lost when the node crashes) is
+/// caught by openraft itself before our checkers run: a leader sees a follower's log go back
+/// ("follower log reversion") and panics, which takes the simulation process down. So this
+/// control runs the CLI as a child process and expects it to fail.
+#[test]
+#[ignore = "negative control: run with --ignored; must find violations"]
+fn negative_control_skipping_fsync_is_caught() {
+    for seed in 1..=10u64 {
+        let out = std::process::Command::new(env!("CARGO_BIN_EXE_quorate"))
+            .args(["sim", "cluster", "--duration", "20", "--unsafe-skip-fsync"])
+            .args(["--seed", &seed.to_string()])
+            .output()
+            .unwrap();
+        let text = String::from_utf8_lossy(&out.stdout) + String::from_utf8_lossy(&out.stderr);
+        eprintln!("seed {seed}: exit {:?}", out.status.code());
+        if !out.status.success() {
+            assert!(
+                text.contains("log reversion") || text.contains("FAILED"),
+                "failed for another reason:\n{text}"
+            );
+            return;
+        }
+    }
+    panic!("lost unsynced writes went unnoticed in 10 seeds");
+}
