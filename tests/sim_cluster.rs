@@ -69,6 +69,19 @@ fn sweep_part_4_of_4_finds_no_violation() {
 /// Two fresh processes, the same seed (60 s with crashes, partitions and clock faults): the
 /// same bytes. (Within one process a second run is not yet identical after a crash fault:
 /// docs/verification.md, "Known gaps".)
+/// Named regression seeds: seeds that once reported a violation, kept so the fix stays.
+/// Seed 7 (20 s): the window checker counted admissions at the batch's stamp instead of the
+/// time apply used (`max(batch time, state time)`) and flagged a correct run.
+#[test]
+fn regression_seed_7_window_check_uses_the_applied_time() {
+    let opts = Options {
+        seed: 7,
+        ..sweep_options()
+    };
+    let r = run(&opts);
+    assert_clean(&r, &opts);
+}
+
 #[test]
 fn the_same_seed_gives_a_byte_identical_trace() {
     let dir = std::env::temp_dir();
