@@ -37,7 +37,11 @@ impl<T> Lane<T> {
     /// Queues `item`. True if the caller must wake the drainer (no wake-up is pending).
     pub fn push(&self, item: T) -> bool {
         self.queue().push(item);
-        !self.scheduled.swap(true, Ordering::SeqCst)
+        // `swap(true)` says the same for a bool; the compare-exchange is what loom models
+        // faithfully (its `swap` can read a stale value: tokio-rs/loom#254, #389).
+        self.scheduled
+            .compare_exchange(false, true, Ordering::SeqCst, Ordering::SeqCst)
+            .is_ok()
     }
 
     /// The wake-up `push` asked for could not be delivered (the drainer is gone): let the
