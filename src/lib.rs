@@ -36,6 +36,7 @@ pub mod policy;
 pub mod raft;
 pub mod service;
 pub mod shard;
+pub mod sync;
 pub mod wal;
 
 #[path = "../sim/mod.rs"]

@@ -20,6 +20,7 @@
 //! leader continues the log's time and its wall clock is never read. Apply takes
 //! `max(batch time, state time)`, so an old batch stamped lower cannot turn time back.
 
+use super::replies::{ProposerLane, Replies};
 use super::rpc::{
     ask, CallError, ForwardError, MemberChange, PeerRequest, PeerResponse, Transport,
 };
@@ -132,8 +133,7 @@ enum Proposal {
 
 /// The leader-side batcher of one group.
 struct Proposer {
-    lane: Mutex<Vec<Pending>>,
-    queued: AtomicU64,
+    lane: ProposerLane<Pending>,
     wake: Notify,
     inflight: Arc<Semaphore>,
 }
@@ -251,8 +251,7 @@ impl Cluster {
                 raft,
                 info,
                 proposer: Proposer {
-                    lane: Mutex::new(Vec::new()),
-                    queued: AtomicU64::new(0),
+                    lane: ProposerLane::new(),
                     wake: Notify::new(),
                     inflight: Arc::new(Semaphore::new(config.pipeline.max(1))),
                 },
@@ -566,16 +565,15 @@ impl Cluster {
         fast: bool,
     ) -> Result<Vec<Applied>, ForwardError> {
         let n = commands.len();
-        let queued = group.proposer.queued.fetch_add(n as u64, Ordering::Relaxed);
-        if queued > (self.config.batch_max * self.config.pipeline * 4) as u64 {
-            group.proposer.queued.fetch_sub(n as u64, Ordering::Relaxed);
+        let bound = (self.config.batch_max * self.config.pipeline * 4) as u64;
+        if !group.proposer.lane.reserve(n as u64, bound) {
             return Err(ForwardError::Unavailable("proposer queue full".into()));
         }
         let (reply, answer) = oneshot::channel();
         // Strict callers wait for the commit; fast ones may be answered from the leader's
         // speculative state (see `propose_loop`).
         let answer_early = fast;
-        lock(&group.proposer.lane).push(Pending {
+        group.proposer.lane.push(Pending {
             commands,
             fast: answer_early,
             reply,
@@ -845,7 +843,10 @@ async fn propose_loop(cluster: Arc<Cluster>, group: Arc<Group>) {
             Err(_) => return,
         };
         let pending = loop {
-            let taken = take(&group.proposer, cluster.config.batch_max);
+            let taken = group
+                .proposer
+                .lane
+                .take(cluster.config.batch_max, |p| p.commands.len());
             if !taken.is_empty() {
                 break taken;
             }
@@ -863,13 +864,15 @@ async fn propose_loop(cluster: Arc<Cluster>, group: Arc<Group>) {
         let lease_from = group.lease_from.load(Ordering::SeqCst);
         let lease =
             unsafe_early || (lease_from > 0 && submitted_at.saturating_sub(lease_from) < lease_ns);
+        let mut replies = Replies::with_capacity(pending.len());
+        let mut commands = Vec::new();
+        for p in pending {
+            replies.add(p.commands.len(), p.fast || unsafe_early, p.reply);
+            commands.extend(p.commands);
+        }
         if !is_leader {
             spec = None;
-            for p in pending {
-                let _ = p
-                    .reply
-                    .send(Err(Proposal::NotSubmitted("not the leader".into())));
-            }
+            replies.complete(Err(Proposal::NotSubmitted("not the leader".into())), answer);
             continue;
         }
         // A new term: continue the shard time from what this node has applied.
@@ -878,7 +881,7 @@ async fn propose_loop(cluster: Arc<Cluster>, group: Arc<Group>) {
             time = Some((term, ShardTime::new(cluster.clock.clone(), base)));
         }
         let now = time.as_mut().map_or(0, |(_, t)| t.now());
-        let any_fast = unsafe_early || pending.iter().any(|p| p.fast);
+        let any_fast = replies.any_early();
         // The speculative state is (re)built only with nothing else in flight, after the
         // state machine has applied everything committed before this term's entries: then
         // the committed state plus what follows is exactly what the log will say.
@@ -891,16 +894,6 @@ async fn propose_loop(cluster: Arc<Cluster>, group: Arc<Group>) {
                 term,
                 state: lock(&group.info_state).clone(),
             });
-        }
-        let mut lengths = Vec::with_capacity(pending.len());
-        let mut replies = Vec::with_capacity(pending.len());
-        let mut commands = Vec::new();
-        let mut early = Vec::with_capacity(pending.len());
-        for p in pending {
-            lengths.push(p.commands.len());
-            early.push(p.fast || unsafe_early);
-            replies.push(Some(p.reply));
-            commands.extend(p.commands);
         }
         let batch = Batch {
             time: now,
@@ -915,15 +908,7 @@ async fn propose_loop(cluster: Arc<Cluster>, group: Arc<Group>) {
         // Fast callers are answered now, from the speculative state, while the lease holds
         // (a leader cut off from its majority stops answering early within a lease).
         if let (Some(results), true, Ok(_)) = (guessed, lease, &submitted) {
-            let mut it = results.into_iter();
-            for ((n, fast), reply) in lengths.iter().zip(&early).zip(replies.iter_mut()) {
-                let part: Vec<Applied> = it.by_ref().take(*n).collect();
-                if *fast {
-                    if let Some(r) = reply.take() {
-                        let _ = r.send(Ok(part));
-                    }
-                }
-            }
+            replies.answer_early(results, answer);
         }
         let failed = group.spec_failed.clone();
         let lease_from = group.lease_from.clone();
@@ -940,20 +925,12 @@ async fn propose_loop(cluster: Arc<Cluster>, group: Arc<Group>) {
             match result {
                 Ok(Applies(applied)) => {
                     lease_from.fetch_max(submitted_at, Ordering::SeqCst);
-                    let mut it = applied.into_iter();
-                    for (n, reply) in lengths.into_iter().zip(replies) {
-                        let part: Vec<Applied> = it.by_ref().take(n).collect();
-                        if let Some(r) = reply {
-                            let _ = r.send(Ok(part));
-                        }
-                    }
+                    replies.complete(Ok(applied), answer);
                 }
                 Err(why) => {
                     // The speculative state assumed this entry: it is no longer the log's.
                     failed.store(true, Ordering::SeqCst);
-                    for reply in replies.into_iter().flatten() {
-                        let _ = reply.send(Err(why.clone()));
-                    }
+                    replies.complete(Err(why), answer);
                 }
             }
         });
@@ -963,25 +940,12 @@ async fn propose_loop(cluster: Arc<Cluster>, group: Arc<Group>) {
     }
 }
 
-/// Takes waiting callers from the lane, up to about `max` commands (at least one caller).
-fn take(proposer: &Proposer, max: usize) -> Vec<Pending> {
-    let mut lane = lock(&proposer.lane);
-    if lane.is_empty() {
-        return Vec::new();
-    }
-    let mut count = 0;
-    let mut split = 0;
-    for p in lane.iter() {
-        if split > 0 && count + p.commands.len() > max {
-            break;
-        }
-        count += p.commands.len();
-        split += 1;
-    }
-    let rest = lane.split_off(split);
-    let taken = std::mem::replace(&mut *lane, rest);
-    proposer.queued.fetch_sub(count as u64, Ordering::Relaxed);
-    taken
+/// Answers one proposer caller. A caller that timed out is gone; its answer is dropped.
+fn answer(
+    reply: oneshot::Sender<Result<Vec<Applied>, Proposal>>,
+    a: Result<Vec<Applied>, Proposal>,
+) {
+    let _ = reply.send(a);
 }
 
 /// Spreads leadership: every few seconds, a node that does not lead a group it prefers

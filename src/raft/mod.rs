@@ -11,6 +11,7 @@
 pub mod cluster;
 pub mod hooks;
 pub mod log_store;
+pub mod replies;
 pub mod rpc;
 pub mod state_machine;
 pub mod types;

@@ -20,6 +20,7 @@
 //! ports and a catch_unwind); with no load it adds no delay.
 
 use super::command::{Applied, Batch, Command};
+use super::lane::Lane;
 use super::state::{Bounds, ShardState};
 use crate::clock::{ShardTime, SharedClock};
 use crate::metrics::Metrics;
@@ -54,10 +55,8 @@ struct Slot {
     actor: RwLock<Option<ActorRef<ShardMsg>>>,
     state: Arc<Mutex<ShardState>>,
     permits: Semaphore,
-    /// Batches handed to the actor, drained together.
-    lane: Mutex<Vec<Pending>>,
-    /// True while a `Drain` is on its way to (or being handled by) the actor.
-    scheduled: AtomicBool,
+    /// Batches handed to the actor, drained together (and whether a `Drain` is on its way).
+    lane: Lane<Pending>,
     keys: AtomicU64,
     time: AtomicU64,
     restarts: AtomicU64,
@@ -120,7 +119,7 @@ impl Actor for ShardActor {
     ) -> Result<ShardRun, ActorProcessingErr> {
         let base = lock(&args.slot.state).time();
         // A predecessor may have died with batches in the lane and the flag set: drain them.
-        args.slot.scheduled.store(true, Ordering::SeqCst);
+        args.slot.lane.mark_scheduled();
         myself.cast(ShardMsg::Drain)?;
         Ok(ShardRun {
             time: ShardTime::new(args.clock, base),
@@ -136,10 +135,8 @@ impl Actor for ShardActor {
     ) -> Result<(), ActorProcessingErr> {
         match msg {
             ShardMsg::Drain => {
-                // Clear the flag first: a batch queued after this point sends a new Drain.
-                run.slot.scheduled.store(false, Ordering::SeqCst);
-                let pending =
-                    std::mem::take(&mut *run.slot.lane.lock().unwrap_or_else(|p| p.into_inner()));
+                // Clears the flag first: a batch queued after this point sends a new Drain.
+                let pending = run.slot.lane.begin_drain();
                 if pending.is_empty() {
                     return Ok(());
                 }
@@ -271,8 +268,7 @@ impl Shards {
                         actor: RwLock::new(None),
                         state: Arc::new(Mutex::new(ShardState::new(bounds))),
                         permits: Semaphore::new(QUEUE_BOUND),
-                        lane: Mutex::new(Vec::new()),
-                        scheduled: AtomicBool::new(false),
+                        lane: Lane::new(),
                         keys: AtomicU64::new(0),
                         time: AtomicU64::new(0),
                         restarts: AtomicU64::new(0),
@@ -332,13 +328,9 @@ impl Shards {
             .ok_or(ShardError::Restarting(slot.id))?;
         let n = commands.len();
         let (reply, answer) = oneshot::channel();
-        slot.lane
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .push(Pending { commands, reply });
-        if !slot.scheduled.swap(true, Ordering::SeqCst) && actor.cast(ShardMsg::Drain).is_err() {
+        if slot.lane.push(Pending { commands, reply }) && actor.cast(ShardMsg::Drain).is_err() {
             // The actor is gone; its successor drains the lane when it starts.
-            slot.scheduled.store(false, Ordering::SeqCst);
+            slot.lane.wake_failed();
         }
         // No timer here: the caller bounds the whole call (see `Service::check_many`), so a
         // pipeline fanned out over many shards arms one timer, not one per shard.

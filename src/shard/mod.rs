@@ -8,5 +8,6 @@
 
 pub mod actor;
 pub mod command;
+pub mod lane;
 pub mod route;
 pub mod state;

@@ -1,0 +1,154 @@
+//! The proposer's lane and reply table: who is answered what, exactly once.
+//!
+//! Callers [`ProposerLane::reserve`] room and [`ProposerLane::push`] themselves; the
+//! proposer [`ProposerLane::take`]s a run of them as one log entry and files their reply
+//! handles in a [`Replies`] table. Fast callers may be answered early from the leader's
+//! speculative state ([`Replies::answer_early`]); [`Replies::complete`] then answers every
+//! caller not yet answered with its part of the committed result, or with the error (the
+//! entry failed, was lost, or this node is not the leader). A strict caller is answered
+//! only by `complete`, so never "admitted" for an entry that did not commit.
+//! `tests/loom_proposer.rs` checks both over every interleaving of callers and proposer.
+
+use crate::sync::{AtomicU64, Mutex, MutexGuard, Ordering};
+
+/// Callers waiting for the proposer, and how many commands they carry.
+pub struct ProposerLane<P> {
+    queue: Mutex<Vec<P>>,
+    /// Commands reserved (queued or about to be): bounds the lane without locking it.
+    queued: AtomicU64,
+}
+
+impl<P> Default for ProposerLane<P> {
+    fn default() -> Self {
+        ProposerLane::new()
+    }
+}
+
+impl<P> ProposerLane<P> {
+    pub fn new() -> ProposerLane<P> {
+        ProposerLane {
+            queue: Mutex::new(Vec::new()),
+            queued: AtomicU64::new(0),
+        }
+    }
+
+    fn queue(&self) -> MutexGuard<'_, Vec<P>> {
+        self.queue.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Reserves room for `n` commands; false (nothing reserved) if more than `bound` are
+    /// already queued.
+    pub fn reserve(&self, n: u64, bound: u64) -> bool {
+        if self.queued.fetch_add(n, Ordering::Relaxed) > bound {
+            self.queued.fetch_sub(n, Ordering::Relaxed);
+            return false;
+        }
+        true
+    }
+
+    /// Queues a caller that reserved its room.
+    pub fn push(&self, caller: P) {
+        self.queue().push(caller);
+    }
+
+    /// Commands reserved and not yet taken.
+    pub fn queued(&self) -> u64 {
+        self.queued.load(Ordering::Relaxed)
+    }
+
+    /// Takes waiting callers from the lane, up to about `max` commands (at least one
+    /// caller), in arrival order; `len` is a caller's command count.
+    pub fn take(&self, max: usize, len: impl Fn(&P) -> usize) -> Vec<P> {
+        let mut lane = self.queue();
+        if lane.is_empty() {
+            return Vec::new();
+        }
+        let mut count = 0;
+        let mut split = 0;
+        for p in lane.iter() {
+            if split > 0 && count + len(p) > max {
+                break;
+            }
+            count += len(p);
+            split += 1;
+        }
+        let rest = lane.split_off(split);
+        let taken = std::mem::replace(&mut *lane, rest);
+        self.queued.fetch_sub(count as u64, Ordering::Relaxed);
+        taken
+    }
+}
+
+/// The reply handles of one entry's callers, in the entry's command order.
+pub struct Replies<R> {
+    lengths: Vec<usize>,
+    /// May be answered from the speculative state before the entry commits.
+    early: Vec<bool>,
+    /// `None` once answered.
+    replies: Vec<Option<R>>,
+}
+
+impl<R> Replies<R> {
+    pub fn with_capacity(n: usize) -> Replies<R> {
+        Replies {
+            lengths: Vec::with_capacity(n),
+            early: Vec::with_capacity(n),
+            replies: Vec::with_capacity(n),
+        }
+    }
+
+    /// Files a caller whose `len` commands come next in the entry.
+    pub fn add(&mut self, len: usize, early: bool, reply: R) {
+        self.lengths.push(len);
+        self.early.push(early);
+        self.replies.push(Some(reply));
+    }
+
+    /// Whether any caller may be answered early.
+    pub fn any_early(&self) -> bool {
+        self.early.iter().any(|e| *e)
+    }
+
+    /// Answers the callers that may be answered early with their part of `results` (one
+    /// result per command of the entry); the others wait for [`Replies::complete`].
+    pub fn answer_early<A, E>(
+        &mut self,
+        results: Vec<A>,
+        mut send: impl FnMut(R, Result<Vec<A>, E>),
+    ) {
+        let mut it = results.into_iter();
+        for ((n, early), reply) in self.lengths.iter().zip(&self.early).zip(&mut self.replies) {
+            let part: Vec<A> = it.by_ref().take(*n).collect();
+            if *early {
+                if let Some(r) = reply.take() {
+                    send(r, Ok(part));
+                }
+            }
+        }
+    }
+
+    /// Answers every caller not answered early: with its part of the committed results, or
+    /// with the error.
+    pub fn complete<A, E: Clone>(
+        self,
+        outcome: Result<Vec<A>, E>,
+        mut send: impl FnMut(R, Result<Vec<A>, E>),
+    ) {
+        match outcome {
+            Ok(results) => {
+                let mut it = results.into_iter();
+                for (n, reply) in self.lengths.into_iter().zip(self.replies) {
+                    let part: Vec<A> = it.by_ref().take(n).collect();
+                    if let Some(r) = reply {
+                        send(r, Ok(part));
+                    }
+                }
+            }
+            Err(why) => {
+                for r in self.replies.into_iter().flatten() {
+                    send(r, Err(why.clone()));
+                }
+            }
+        }
+    }
+}

@@ -1,0 +1,137 @@
+//! Loom model of the cluster proposer's lane and reply table (`src/raft/replies.rs`, used
+//! by `raft/cluster.rs`'s `propose` and `propose_loop`): callers reserve room and queue
+//! themselves while the proposer takes them as entries, answers fast callers early from
+//! its speculative state, and hands each entry's table to a completion task (a thread
+//! here) that answers the rest with the entry's outcome.
+//! Properties, for each outcome (commits, fails after submission, not the leader): every
+//! caller is answered exactly once; a strict caller is answered "admitted" only if its
+//! entry committed, and then with its own part of the results; the queued-commands
+//! counter returns to zero.
+//! Run: `scripts/loom` (or `RUSTFLAGS="--cfg loom" cargo test --release --test loom_proposer`).
+#![cfg(loom)]
+
+use loom::sync::{Arc, Mutex};
+use loom::thread;
+use quorate::raft::replies::{ProposerLane, Replies};
+
+/// What a caller was told: its results (command ids) or an error.
+type Answer = Result<Vec<u32>, &'static str>;
+
+/// One caller's reply handle: every answer it got.
+type Inbox = Arc<Mutex<Vec<Answer>>>;
+
+struct Caller {
+    /// Its command ids: `id * 10 + i`.
+    commands: Vec<u32>,
+    fast: bool,
+    inbox: Inbox,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq)]
+enum Outcome {
+    Commits,
+    Fails,
+    NotLeader,
+}
+
+fn send(inbox: Inbox, answer: Answer) {
+    inbox.lock().unwrap().push(answer);
+}
+
+/// Two callers (one fast, one strict, `lens` commands each) and the proposer, which takes at
+/// most `max` commands per entry; every entry ends with `outcome`.
+fn model(outcome: Outcome, max: usize, lens: [usize; 2]) {
+    loom::model(move || {
+        let lane = Arc::new(ProposerLane::<Caller>::new());
+        let inboxes: Vec<Inbox> = (0..2).map(|_| Arc::new(Mutex::new(Vec::new()))).collect();
+        let callers: Vec<_> = (0..2)
+            .map(|id| {
+                let (lane, inbox) = (lane.clone(), inboxes[id].clone());
+                let n = lens[id];
+                thread::spawn(move || {
+                    assert!(lane.reserve(n as u64, 100));
+                    lane.push(Caller {
+                        commands: (0..n as u32).map(|i| id as u32 * 10 + i).collect(),
+                        fast: id == 0,
+                        inbox,
+                    });
+                })
+            })
+            .collect();
+        // The proposer: take entries until both callers are taken.
+        let mut taken = 0;
+        let mut completions = Vec::new();
+        while taken < 2 {
+            let pending = lane.take(max, |c| c.commands.len());
+            if pending.is_empty() {
+                thread::yield_now();
+                continue;
+            }
+            taken += pending.len();
+            let mut replies = Replies::with_capacity(pending.len());
+            let mut commands = Vec::new();
+            for c in pending {
+                replies.add(c.commands.len(), c.fast, c.inbox);
+                commands.extend(c.commands);
+            }
+            if outcome == Outcome::NotLeader {
+                replies.complete(Err("not the leader"), send);
+                continue;
+            }
+            // Submitted: fast callers are answered from the speculative state (here the same
+            // results the log would give).
+            replies.answer_early(commands.clone(), send);
+            completions.push(thread::spawn(move || {
+                let result = match outcome {
+                    Outcome::Commits => Ok(commands),
+                    _ => Err("lost"),
+                };
+                replies.complete(result, send);
+            }));
+        }
+        for h in callers.into_iter().chain(completions) {
+            h.join().unwrap();
+        }
+        assert_eq!(lane.queued(), 0, "the queued-commands counter drifted");
+        for (id, inbox) in inboxes.iter().enumerate() {
+            let answers = inbox.lock().unwrap();
+            assert_eq!(
+                answers.len(),
+                1,
+                "caller {id} answered {} times",
+                answers.len()
+            );
+            if let Ok(results) = &answers[0] {
+                let own: Vec<u32> = (0..lens[id] as u32).map(|i| id as u32 * 10 + i).collect();
+                assert_eq!(results, &own, "caller {id} got another caller's results");
+                let strict = id == 1;
+                assert!(
+                    !strict || outcome == Outcome::Commits,
+                    "strict caller {id} admitted for an entry that did not commit"
+                );
+            }
+        }
+    });
+}
+
+#[test]
+fn each_caller_answered_once_with_its_part_when_the_entry_commits() {
+    model(Outcome::Commits, 8, [2, 1]);
+}
+
+#[test]
+fn each_caller_answered_once_and_strict_ones_not_admitted_when_the_entry_fails() {
+    model(Outcome::Fails, 8, [2, 1]);
+}
+
+#[test]
+fn each_caller_answered_once_when_this_node_is_not_the_leader() {
+    model(Outcome::NotLeader, 8, [2, 1]);
+}
+
+#[test]
+fn callers_split_over_entries_are_each_answered_once() {
+    // At most 2 commands per entry: the two callers never share one.
+    model(Outcome::Commits, 2, [2, 1]);
+    model(Outcome::Fails, 2, [2, 1]);
+}
