@@ -229,6 +229,20 @@ impl Actor for Supervisor {
             sup.metrics.shard_restarts.inc();
             slot.restarts.fetch_add(1, Ordering::Relaxed);
             Self::spawn_shard(&myself, sup, &slot).await?;
+            // `stop` may have run since the check above. It sets the flag BEFORE it stops the
+            // actors it finds in the slots, and the new actor is in its slot now: so either
+            // `stop` saw the new actor and stops it, or this check sees the flag.
+            // (tests/loom_shutdown.rs models this.)
+            if sup.stopping.load(Ordering::SeqCst) {
+                if let Some(a) = slot
+                    .actor
+                    .read()
+                    .unwrap_or_else(|p| p.into_inner())
+                    .as_ref()
+                {
+                    a.stop(None);
+                }
+            }
         }
         Ok(())
     }
@@ -329,8 +343,23 @@ impl Shards {
         let n = commands.len();
         let (reply, answer) = oneshot::channel();
         if slot.lane.push(Pending { commands, reply }) && actor.cast(ShardMsg::Drain).is_err() {
-            // The actor is gone; its successor drains the lane when it starts.
-            slot.lane.wake_failed();
+            // The actor we read is gone. Its successor drains the lane when it starts, but it
+            // may have started (and drained) before our push: wake the successor once it is
+            // in the slot, for up to ~100 ms; only then give the wake-up back.
+            let mut woken = false;
+            for _ in 0..50 {
+                tokio::time::sleep(std::time::Duration::from_millis(2)).await;
+                let current = slot.actor.read().unwrap_or_else(|p| p.into_inner()).clone();
+                if let Some(a) = current {
+                    if a.get_id() != actor.get_id() && a.cast(ShardMsg::Drain).is_ok() {
+                        woken = true;
+                        break;
+                    }
+                }
+            }
+            if !woken {
+                slot.lane.wake_failed();
+            }
         }
         // No timer here: the caller bounds the whole call (see `Service::check_many`), so a
         // pipeline fanned out over many shards arms one timer, not one per shard.
@@ -371,9 +400,21 @@ impl Shards {
         }
     }
 
-    /// Stops every shard actor (no restarts from here on).
+    /// Stops every shard actor (no restarts from here on). The flag is set first, then every
+    /// actor found in the slots is stopped (ractor does not stop a supervisor's linked
+    /// children with it); a restart racing this stops its own new actor (see the supervisor).
     pub async fn stop(&self) {
         self.stopping.store(true, Ordering::SeqCst);
+        for slot in self.slots.iter() {
+            if let Some(a) = slot
+                .actor
+                .read()
+                .unwrap_or_else(|p| p.into_inner())
+                .as_ref()
+            {
+                a.stop(None);
+            }
+        }
         self.supervisor.stop(None);
     }
 }
