@@ -115,12 +115,12 @@ fn stop_all(children: &mut [(u16, Child)]) {
             unsafe { libc::kill(c.id() as libc::pid_t, libc::SIGTERM) };
         }
     }
-    let deadline = std::time::Instant::now() + Duration::from_secs(10); // seam: CLI only
+    let started = std::time::Instant::now(); // seam: CLI only
     for (i, c) in children.iter_mut() {
         loop {
             match c.try_wait() {
                 Ok(Some(_)) | Err(_) => break,
-                Ok(None) if std::time::Instant::now() > deadline => {
+                Ok(None) if started.elapsed() > Duration::from_secs(10) => {
                     eprintln!("node {i} did not stop in 10 s; killing it");
                     let _ = c.kill();
                     let _ = c.wait();
