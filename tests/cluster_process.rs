@@ -420,6 +420,120 @@ async fn a_paused_fast_leader_admits_nothing_once_its_lease_lapsed() {
     paused_leader("fastsmall").await;
 }
 
+/// Under strict, an admission is acknowledged only once a majority stored it. With both
+/// followers of a shard stopped, its leader's lease is still fresh (a long election timeout
+/// keeps it so for seconds): only waiting for the commit keeps it from answering "admitted"
+/// from its own state, which a kill -9 of it would then forget.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_strict_leader_cut_off_from_its_followers_acknowledges_nothing() {
+    let extra = [
+        "--election-timeout",
+        "2s",
+        "--heartbeat",
+        "500ms",
+        "--eviction-interval",
+        "1h",
+    ];
+    let cluster = blocking(move || Cluster::start(3, &policies(), &extra));
+    let (limit, key) = ("down_deny", "cut");
+    // A settled leader that just committed: 3 admitted through it, then a pause for those to
+    // commit (one still in flight would hold the proposer's only slot), and it still leads.
+    // The followers then stop well inside its lease (80% of 2 s from its last commit).
+    let started = Instant::now();
+    let (leader, at_leader) = loop {
+        assert!(
+            started.elapsed() < Duration::from_secs(30),
+            "no settled leader"
+        );
+        let Some(id) = blocking(|| cluster.leader_of(0, shard(limit, key))) else {
+            tokio::time::sleep(Duration::from_millis(100)).await;
+            continue;
+        };
+        let i = (id - 1) as usize;
+        let c = client(cluster.members[i].resp);
+        let mut admitted = 0;
+        for _ in 0..3 {
+            if let Ok(a) = c.check(&[(limit, key, 1)], None).await {
+                admitted += a.allowed as u64;
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        if admitted == 3 && blocking(|| cluster.leader_of(i, shard(limit, key))) == Some(id) {
+            break (i, c);
+        }
+    };
+    let followers: Vec<usize> = (0..3).filter(|&i| i != leader).collect();
+    blocking(|| followers.iter().for_each(|&i| cluster.signal(i, SIGSTOP)));
+    let calls: Vec<_> = (0..5)
+        .map(|_| {
+            let c = at_leader.clone();
+            tokio::spawn(async move { c.check(&[(limit, key, 1)], None).await })
+        })
+        .collect();
+    let mut admitted = 0;
+    let mut answered = 0;
+    for c in calls {
+        if let Ok(Ok(a)) = c.await {
+            answered += 1;
+            admitted += a.allowed as u64;
+        }
+    }
+    blocking(|| followers.iter().for_each(|&i| cluster.signal(i, SIGCONT)));
+    eprintln!("leader {leader}: {answered} answered, {admitted} admitted");
+    assert_eq!(answered, 5, "on_unavailable = deny answers every call");
+    assert_eq!(
+        admitted, 0,
+        "{admitted} strict admissions acknowledged while no majority could store them"
+    );
+}
+
+/// Leadership spreads back to the members (each takes the shards it prefers) without leaving
+/// a shard leaderless, also with a long election timeout: a preferred member's election that
+/// its voters refuse (they still hear from the leader) deposes the leader for an election
+/// timeout, which made `/readyz` flap on every member every few seconds.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn leadership_spreads_without_leaderless_gaps_under_a_long_election_timeout() {
+    let extra = ["--election-timeout", "2s", "--heartbeat", "500ms"];
+    let cluster = blocking(move || Cluster::start(3, &policies(), &extra));
+    // A handover leaves a shard without a known leader for a moment (the old leader has
+    // voted, the new one has not yet been heard from); a refused election, for an election
+    // timeout (2 s here). Sampled every 200 ms: the longest gap any member saw.
+    let started = Instant::now();
+    let mut since: BTreeMap<(usize, usize), Instant> = BTreeMap::new();
+    let mut longest = (Duration::ZERO, 0, 0);
+    let mut spread = Vec::new();
+    while started.elapsed() < Duration::from_secs(16) {
+        for i in 0..3 {
+            let leaders = blocking(|| cluster.leaders(i));
+            assert_eq!(leaders.len(), 16, "member {} has no status", i + 1);
+            for (g, l) in leaders.iter().enumerate() {
+                if l.is_some() {
+                    since.remove(&(i, g));
+                } else {
+                    let gap = since.entry((i, g)).or_insert_with(Instant::now).elapsed();
+                    if gap > longest.0 {
+                        longest = (gap, i + 1, g);
+                    }
+                }
+            }
+            if i == 0 {
+                spread = leaders;
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    let (gap, member, shard) = longest;
+    assert!(
+        gap < Duration::from_millis(1000),
+        "member {member} saw shard {shard} without a leader for {gap:?}"
+    );
+    let led_by = |id: u64| spread.iter().filter(|l| **l == Some(id)).count();
+    assert!(
+        (1..=3).filter(|&id| led_by(id) > 0).count() >= 2,
+        "leadership did not spread in 16 s: {spread:?}"
+    );
+}
+
 fn voters(cluster: &Cluster, i: usize) -> Vec<Vec<u64>> {
     cluster.status(i)["cluster"]["groups"]
         .as_array()

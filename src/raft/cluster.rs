@@ -956,30 +956,55 @@ async fn rebalance_loop(cluster: std::sync::Weak<Cluster>) {
     let mut tick = tokio::time::interval(Duration::from_secs(3));
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     tick.tick().await;
+    // Per group: the (leader, term) last seen and since when (ns on the node's clock).
+    let mut seen: BTreeMap<GroupId, (Option<NodeId>, u64, u64)> = BTreeMap::new();
     loop {
         tick.tick().await;
         let Some(c) = cluster.upgrade() else { return };
         let me = c.config.node_id;
+        let now = c.clock.monotonic();
+        // openraft 0.9 has no leadership transfer: this node can only call an election, and
+        // a voter that heard from a leader within its lease (election_max) refuses to vote.
+        // The leader itself stops refusing once its own vote is older than that lease, so
+        // the election can succeed only with the leader's vote: when this node and the
+        // leader are a majority (at most 3 voters) and the leader has led longer than the
+        // lease. A refused election costs the group its leader for an election timeout
+        // (the leader sees the higher term), so neither condition is optional: with a long
+        // `--election-timeout` leadership otherwise flapped every tick (seen: a group without
+        // a leader for 3 s of every 5).
+        let settled_ns = (c.config.election_max + c.config.election_min).as_nanos() as u64;
         for g in &c.groups {
             let ids = Cluster::voters(g);
-            if ids.is_empty() || ids[g.id as usize % ids.len()] != me {
-                continue;
-            }
-            let (leader, state, caught_up) = {
+            let (leader, term, state, caught_up) = {
                 let m = g.raft.metrics();
                 let m = m.borrow();
                 let applied = m.last_applied.map_or(0, |l| l.index);
                 (
                     m.current_leader,
+                    m.current_term,
                     m.state,
                     m.last_log_index.unwrap_or(0) <= applied + 8,
                 )
             };
-            if state == ServerState::Follower && leader.is_some() && leader != Some(me) && caught_up
+            let since = match seen.get(&g.id) {
+                Some(&(l, t, since)) if l == leader && t == term => since,
+                _ => {
+                    seen.insert(g.id, (leader, term, now));
+                    now
+                }
+            };
+            if ids.is_empty() || ids.len() > 3 || ids[g.id as usize % ids.len()] != me {
+                continue;
+            }
+            if state == ServerState::Follower
+                && leader.is_some()
+                && leader != Some(me)
+                && caught_up
+                && now.saturating_sub(since) > settled_ns
             {
                 tracing::info!(shard = g.id, from = ?leader, "taking the shard's leadership back (rebalance)");
                 let _ = g.raft.trigger().elect().await;
-                // One group per tick: elections are disruptive.
+                // One group per tick: an election pauses the group's commits.
                 break;
             }
         }
