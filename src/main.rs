@@ -180,6 +180,13 @@ struct ClusterArgs {
     /// Run every seed again in a fresh process and require a byte-identical trace.
     #[arg(long)]
     twice: bool,
+    /// Seeds run at once, each in a process of its own [default: the number of cores].
+    #[arg(long)]
+    jobs: Option<usize>,
+    /// Run exactly one seed in this process and print its result as one JSON line (how a
+    /// sweep runs each seed).
+    #[arg(long, hide = true)]
+    json: bool,
     /// Write the event trace of the (last) seed to this file.
     #[arg(long, value_name = "FILE")]
     trace: Option<PathBuf>,
@@ -376,67 +383,58 @@ fn sim_cluster(a: ClusterArgs) -> Result<(), CliError> {
     if !cfg!(tokio_unstable) {
         eprintln!("warning: built without --cfg tokio_unstable: runs are not exactly reproducible (see .cargo/config.toml)");
     }
+    // One seed, in this process: the first (and only) simulation of a process is exactly
+    // its seed's run.
+    if a.json || (a.seeds == 1 && !a.twice) {
+        let report = sim::cluster::run(&base);
+        if let Some(path) = &a.trace {
+            std::fs::write(path, &report.history.trace)?;
+        }
+        let result = sim::cluster::sweep::SeedResult::of(&report);
+        if a.json {
+            println!(
+                "{}",
+                serde_json::to_string(&result).map_err(|e| CliError::Node(e.to_string()))?
+            );
+            return Ok(());
+        }
+        let mut one = sim::cluster::sweep::Sweep::default();
+        one.add(result);
+        print!("{}", one.summary(&base));
+        return match one.failing.len() {
+            0 => Ok(()),
+            n => Err(CliError::Violations(n)),
+        };
+    }
+    // More seeds: each in a child process of its own (sim/cluster/sweep.rs says why).
+    let plan = sim::cluster::sweep::Plan {
+        exe: std::env::current_exe()?,
+        jobs: a.jobs.unwrap_or_else(|| {
+            std::thread::available_parallelism().map_or(1, std::num::NonZeroUsize::get)
+        }),
+        twice: a.twice,
+        trace_last: a.trace.clone(),
+    };
     let started = std::time::Instant::now(); // seam: the CLI's own progress timing
     let tty = std::io::stderr().is_terminal();
-    let mut last_trace = String::new();
-    // The repeat runs in a fresh process: within one process a second run of a seed with a
-    // crash fault is not yet identical (docs/verification.md, "Known gaps").
-    let repeat = |o: &Options| -> Result<String, String> {
-        let file = std::env::temp_dir().join(format!(
-            "quorate-sim-repeat-{}-{}.txt",
-            std::process::id(),
-            o.seed
-        ));
-        let exe = std::env::current_exe().map_err(|e| e.to_string())?;
-        let mut cmd = std::process::Command::new(exe);
-        cmd.args(["sim", "cluster", "--seeds", "1"])
-            .args(["--seed", &o.seed.to_string()])
-            .args(["--duration", &format!("{}ns", o.duration.as_nanos())])
-            .args(["--shards", &o.shards.to_string()])
-            .args(["--clients", &o.clients.to_string()])
-            .arg("--trace")
-            .arg(&file)
-            .stdout(std::process::Stdio::null())
-            .stderr(std::process::Stdio::null());
-        if !o.nemesis {
-            cmd.arg("--no-nemesis");
+    let result = sweep(&base, a.seed, a.seeds, &plan, |done, r| {
+        let line = format!(
+            "[{done}/{}] seed {}: {} ops, {} faults, {} violations ({:.1} s)",
+            a.seeds,
+            r.seed,
+            r.ops.invoked,
+            r.faults,
+            r.violations.len(),
+            started.elapsed().as_secs_f64()
+        );
+        if tty {
+            eprint!("\r\x1b[2K{line}");
+        } else {
+            eprintln!("{line}");
         }
-        let _ = cmd.status().map_err(|e| e.to_string())?;
-        let trace = std::fs::read_to_string(&file).map_err(|e| e.to_string());
-        let _ = std::fs::remove_file(&file);
-        trace
-    };
-    let repeat_ref: sim::cluster::sweep::Repeat<'_> = &repeat;
-    let result = sweep(
-        &base,
-        a.seed,
-        a.seeds,
-        a.twice.then_some(repeat_ref),
-        |done, r| {
-            let line = format!(
-                "[{done}/{}] seed {}: {} ops, {} faults, {} violations ({:.1} s)",
-                a.seeds,
-                r.seed,
-                r.ops.invoked,
-                r.faults,
-                r.violations.len(),
-                started.elapsed().as_secs_f64()
-            );
-            if tty {
-                eprint!("\r\x1b[2K{line}");
-            } else {
-                eprintln!("{line}");
-            }
-            if a.trace.is_some() {
-                last_trace = r.history.trace.clone();
-            }
-        },
-    );
+    });
     if tty {
         eprintln!();
-    }
-    if let Some(path) = &a.trace {
-        std::fs::write(path, &last_trace)?;
     }
     print!("{}", result.summary(&base));
     println!("wall time: {:.1} s", started.elapsed().as_secs_f64());

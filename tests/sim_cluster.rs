@@ -6,12 +6,15 @@
 //! A failing seed prints the command that reproduces it (`quorate sim cluster --seed N ...`).
 
 use quorate::sim::cluster::{
-    reproduce, run, same_trace, sweep::sweep, ClockStep, Controls, Options, Report, Target,
+    reproduce, run, same_trace,
+    sweep::{sweep, Plan},
+    ClockStep, Controls, Options, Report, Target,
 };
 use std::time::Duration;
 
-/// Seeds in the sweep (per test; four tests share the sweep so both cores work). Override
-/// with QUORATE_SIM_SEEDS (per test) for a longer local run.
+/// Seeds in the sweep (per test; four tests share the sweep so both cores work; each seed
+/// runs in a `quorate` process of its own, so a failing seed's printed command replays
+/// exactly its run). Override with QUORATE_SIM_SEEDS (per test) for a longer local run.
 fn seeds_per_part() -> u64 {
     std::env::var("QUORATE_SIM_SEEDS")
         .ok()
@@ -39,7 +42,13 @@ fn assert_clean(r: &Report, opts: &Options) {
 fn sweep_part(part: u64) {
     let base = sweep_options();
     let n = seeds_per_part();
-    let s = sweep(&base, 1000 + part * n, n, None, |_, _| {});
+    let plan = Plan {
+        exe: env!("CARGO_BIN_EXE_quorate").into(),
+        jobs: 1,
+        twice: false,
+        trace_last: None,
+    };
+    let s = sweep(&base, 1000 + part * n, n, &plan, |_, _| {});
     assert!(s.failing.is_empty(), "{}", s.summary(&base));
     // The runs did real work under real faults.
     assert!(s.ops.allowed > 0 && s.ops.denied > 0 && s.faults > n);

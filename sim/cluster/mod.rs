@@ -116,7 +116,7 @@ impl Default for Options {
 }
 
 /// What clients saw.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct OpCounts {
     pub invoked: u64,
     pub allowed: u64,

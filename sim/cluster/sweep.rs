@@ -1,9 +1,45 @@
-//! Many seeds in a row: `quorate sim cluster --seeds N`, and the budgeted sweep of
-//! `cargo test`. Failing seeds are listed with the command that reproduces each.
+//! Many seeds: `quorate sim cluster --seeds N`, and the budgeted sweep of `cargo test`.
+//!
+//! Each seed runs in a process of its own (the binary's `sim cluster --seeds 1 --json`),
+//! `jobs` of them at once. Only the first simulation in a process is bit-reproducible
+//! (docs/verification.md): a seed run after others in the same process took another path
+//! than the printed command that was meant to reproduce it. A fresh process per seed makes
+//! every seed of a sweep exactly its command, and a panicking node (which aborts its
+//! process) fails its seed instead of the sweep. Failing seeds are listed with the command.
 
-use super::{history::secs, reproduce, run, same_trace, OpCounts, Options, Report};
+use super::{history::secs, reproduce, same_trace, OpCounts, Options, Report};
+use serde::{Deserialize, Serialize};
 use std::fmt::Write as _;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Mutex;
 use std::time::Duration;
+
+/// One seed's outcome, as a child process reports it (one JSON line on stdout).
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SeedResult {
+    pub seed: u64,
+    /// Simulated nanoseconds, healing included.
+    pub simulated_ns: u64,
+    pub ops: OpCounts,
+    pub faults: u64,
+    pub fast_excess: u64,
+    pub violations: Vec<String>,
+}
+
+impl SeedResult {
+    pub fn of(r: &Report) -> SeedResult {
+        SeedResult {
+            seed: r.seed,
+            simulated_ns: r.simulated.as_nanos() as u64,
+            ops: r.ops,
+            faults: r.faults,
+            fast_excess: r.fast_excess,
+            violations: r.violations.clone(),
+        }
+    }
+}
 
 /// What a sweep found.
 #[derive(Debug, Default)]
@@ -13,65 +49,182 @@ pub struct Sweep {
     pub ops: OpCounts,
     pub faults: u64,
     pub fast_excess: u64,
-    /// Failing seeds and their violations.
+    /// Failing seeds and their violations, by seed.
     pub failing: Vec<(u64, Vec<String>)>,
 }
 
-/// Another run's trace of the same options (the CLI runs itself as a child process: see
-/// docs/verification.md on why the repeat runs in a fresh process).
-pub type Repeat<'a> = &'a dyn Fn(&Options) -> Result<String, String>;
+/// How a sweep runs its seeds.
+#[derive(Debug, Clone)]
+pub struct Plan {
+    /// The `quorate` binary that runs one seed per process.
+    pub exe: PathBuf,
+    /// Seeds run at once (each in its own process).
+    pub jobs: usize,
+    /// Run each seed twice (two fresh processes); a trace that differs is a violation.
+    pub twice: bool,
+    /// Write the last seed's event trace here.
+    pub trace_last: Option<PathBuf>,
+}
 
-/// Runs seeds `first..first + count` with `base`'s other options. With `twice`, each seed
-/// runs a second time and a trace that differs is a violation (determinism).
-/// `progress` is called after each seed.
+/// The child command line that runs `opts` (one seed) and prints its [`SeedResult`].
+fn child(exe: &Path, opts: &Options, trace: Option<&Path>) -> Command {
+    let mut cmd = Command::new(exe);
+    cmd.args(["sim", "cluster", "--seeds", "1", "--json"])
+        .args(["--seed", &opts.seed.to_string()])
+        .args(["--duration", &format!("{}ns", opts.duration.as_nanos())])
+        .args(["--shards", &opts.shards.to_string()])
+        .args(["--clients", &opts.clients.to_string()]);
+    if !opts.nemesis {
+        cmd.arg("--no-nemesis");
+    }
+    let c = opts.controls;
+    for (on, flag) in [
+        (c.apply_local_clock, "--unsafe-apply-local-clock"),
+        (c.answer_before_commit, "--unsafe-answer-before-commit"),
+        (c.skip_fsync, "--unsafe-skip-fsync"),
+    ] {
+        if on {
+            cmd.arg(flag);
+        }
+    }
+    if let Some(t) = trace {
+        cmd.arg("--trace").arg(t);
+    }
+    cmd.stdin(Stdio::null());
+    cmd
+}
+
+/// Runs one seed in a fresh process. A process that dies without its report (a node's
+/// panic aborts the simulation) gives a failing result that quotes its last words.
+pub fn run_in_child(exe: &Path, opts: &Options, trace: Option<&Path>) -> SeedResult {
+    let failed = |why: String| SeedResult {
+        seed: opts.seed,
+        violations: vec![why],
+        ..SeedResult::default()
+    };
+    let out = match child(exe, opts, trace).output() {
+        Ok(o) => o,
+        Err(e) => return failed(format!("cannot run {}: {e}", exe.display())),
+    };
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let last = stdout.lines().rev().find(|l| l.starts_with('{'));
+    match last.map(serde_json::from_str::<SeedResult>) {
+        Some(Ok(r)) => r,
+        _ => {
+            // The first panic and its message, else the last lines.
+            let stderr = String::from_utf8_lossy(&out.stderr);
+            let lines: Vec<&str> = stderr.lines().collect();
+            let words = match lines.iter().position(|l| l.contains("panicked at")) {
+                Some(i) => lines[i..lines.len().min(i + 2)].join(" "),
+                None => lines[lines.len().saturating_sub(4)..].join(" | "),
+            };
+            failed(format!(
+                "the run died without a report ({}): {}",
+                out.status,
+                words.trim()
+            ))
+        }
+    }
+}
+
+fn temp_trace(seed: u64, tag: &str) -> PathBuf {
+    std::env::temp_dir().join(format!(
+        "quorate-sim-{}-{seed}-{tag}.txt",
+        std::process::id()
+    ))
+}
+
+/// One seed per the plan: once, or twice with the traces compared.
+fn run_seed(plan: &Plan, opts: &Options, last: bool) -> SeedResult {
+    let keep = plan.trace_last.as_deref().filter(|_| last);
+    if !plan.twice {
+        return run_in_child(&plan.exe, opts, keep);
+    }
+    let (a, b) = (temp_trace(opts.seed, "a"), temp_trace(opts.seed, "b"));
+    let mut r = run_in_child(&plan.exe, opts, Some(&a));
+    let again = run_in_child(&plan.exe, opts, Some(&b));
+    match (std::fs::read_to_string(&a), std::fs::read_to_string(&b)) {
+        (Ok(x), Ok(y)) => {
+            if let Some(diff) = same_trace(&x, &y) {
+                r.violations.push(format!(
+                    "determinism: the same seed gave another trace at {diff}"
+                ));
+            }
+            if let Some(k) = keep {
+                let _ = std::fs::write(k, x);
+            }
+        }
+        _ => r
+            .violations
+            .push("determinism: a run left no trace to compare".into()),
+    }
+    // The repeat's own checks see the same history when the traces agree.
+    drop(again);
+    let _ = std::fs::remove_file(&a);
+    let _ = std::fs::remove_file(&b);
+    r
+}
+
+/// Runs seeds `first..first + count` with `base`'s other options (`base.clock_script` must be
+/// empty: a child cannot be given one), `plan.jobs` at a time, each in its own process.
+/// `progress` is called after each seed, in the order they finish.
 pub fn sweep(
     base: &Options,
     first: u64,
     count: u64,
-    twice: Option<Repeat<'_>>,
-    mut progress: impl FnMut(u64, &Report),
+    plan: &Plan,
+    progress: impl FnMut(u64, &SeedResult) + Send,
 ) -> Sweep {
-    let mut s = Sweep::default();
-    for (i, seed) in (first..first.saturating_add(count)).enumerate() {
-        let opts = Options {
-            seed,
-            ..base.clone()
-        };
-        let mut report = run(&opts);
-        if let Some(repeat) = twice {
-            match repeat(&opts) {
-                Ok(again) => {
-                    if let Some(diff) = same_trace(&report.history.trace, &again) {
-                        report.violations.push(format!(
-                            "determinism: the same seed gave another trace at {diff}"
-                        ));
-                    }
+    let next = AtomicU64::new(0);
+    let shared = Mutex::new((Vec::new(), progress));
+    std::thread::scope(|scope| {
+        for _ in 0..plan.jobs.max(1) {
+            scope.spawn(|| loop {
+                let i = next.fetch_add(1, Ordering::Relaxed);
+                if i >= count {
+                    return;
                 }
-                Err(e) => report
-                    .violations
-                    .push(format!("determinism: the repeat run failed: {e}")),
-            }
+                let opts = Options {
+                    seed: first.saturating_add(i),
+                    ..base.clone()
+                };
+                let r = run_seed(plan, &opts, i + 1 == count);
+                let mut guard = shared.lock().unwrap_or_else(|p| p.into_inner());
+                let (done, progress) = &mut *guard;
+                done.push(r);
+                let n = done.len() as u64;
+                progress(n, done.last().expect("just pushed"));
+            });
         }
-        s.seeds += 1;
-        s.simulated += report.simulated;
-        s.faults += report.faults;
-        s.fast_excess += report.fast_excess;
-        let o = &mut s.ops;
-        o.invoked += report.ops.invoked;
-        o.allowed += report.ops.allowed;
-        o.denied += report.ops.denied;
-        o.failed += report.ops.failed;
-        o.unknown += report.ops.unknown;
-        o.unknown_admitted += report.ops.unknown_admitted;
-        if !report.violations.is_empty() {
-            s.failing.push((seed, report.violations.clone()));
-        }
-        progress(i as u64 + 1, &report);
+    });
+    let (mut done, _) = shared.into_inner().unwrap_or_else(|p| p.into_inner());
+    done.sort_by_key(|r| r.seed);
+    let mut s = Sweep::default();
+    for r in done {
+        s.add(r);
     }
     s
 }
 
 impl Sweep {
+    /// Counts one seed's result in.
+    pub fn add(&mut self, r: SeedResult) {
+        self.seeds += 1;
+        self.simulated += Duration::from_nanos(r.simulated_ns);
+        self.faults += r.faults;
+        self.fast_excess += r.fast_excess;
+        let o = &mut self.ops;
+        o.invoked += r.ops.invoked;
+        o.allowed += r.ops.allowed;
+        o.denied += r.ops.denied;
+        o.failed += r.ops.failed;
+        o.unknown += r.ops.unknown;
+        o.unknown_admitted += r.ops.unknown_admitted;
+        if !r.violations.is_empty() {
+            self.failing.push((r.seed, r.violations));
+        }
+    }
+
     /// The human summary: totals, then every failing seed with its reproduction command.
     pub fn summary(&self, base: &Options) -> String {
         let mut t = String::new();
