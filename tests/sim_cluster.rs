@@ -12,14 +12,15 @@ use quorate::sim::cluster::{
 };
 use std::time::Duration;
 
-/// Seeds in the sweep (per test; four tests share the sweep so both cores work; each seed
+/// Seeds in the sweep (per test; four tests share the sweep so both cores work; `.ci/run`
+/// adds 100 seeds on the release build, where a seed runs ~5x faster; each seed
 /// runs in a `quorate` process of its own, so a failing seed's printed command replays
 /// exactly its run). Override with QUORATE_SIM_SEEDS (per test) for a longer local run.
 fn seeds_per_part() -> u64 {
     std::env::var("QUORATE_SIM_SEEDS")
         .ok()
         .and_then(|s| s.parse().ok())
-        .unwrap_or(25)
+        .unwrap_or(10)
 }
 
 fn sweep_options() -> Options {
