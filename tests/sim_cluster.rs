@@ -162,6 +162,7 @@ fn a_leader_300_s_ahead_changes_no_decision() {
         at: Duration::from_secs(3),
         target: Target::LeaderOf(0),
         wall_by: 300 * S,
+        drift_ppm: None,
     }]);
 }
 
@@ -171,6 +172,7 @@ fn a_follower_300_s_behind_changes_no_decision() {
         at: Duration::from_secs(3),
         target: Target::FollowerOf(0),
         wall_by: -300 * S,
+        drift_ppm: None,
     }]);
 }
 
@@ -181,13 +183,65 @@ fn a_leader_wall_clock_stepping_back_60_s_mid_window_changes_no_decision() {
             at: Duration::from_secs(6),
             target: Target::LeaderOf(0),
             wall_by: -60 * S,
+            drift_ppm: None,
         },
         ClockStep {
             at: Duration::from_secs(6) + Duration::from_millis(500),
             target: Target::LeaderOf(1),
             wall_by: -60 * S,
+            drift_ppm: None,
         },
     ]);
+}
+
+/// Every node's clock runs `ppm` fast from the start, no other fault, 60 s; checked with
+/// the drift bound `bound_ppm` (`check_drift`; `check_strict` still holds in shard time).
+fn drifting(ppm: i64, bound_ppm: i64) -> (Report, Options) {
+    let opts = Options {
+        seed: 77,
+        nemesis: false,
+        duration: Duration::from_secs(60),
+        clock_script: vec![ClockStep {
+            at: Duration::ZERO,
+            target: Target::Every,
+            wall_by: 0,
+            drift_ppm: Some(ppm),
+        }],
+        drift_bound_ppm: bound_ppm,
+        ..Options::default()
+    };
+    (run(&opts), opts)
+}
+
+/// A leader whose clock runs 1 % fast refills its buckets 1 % fast: in real time a strict
+/// bucket admits at most `capacity + quota x 1.01 x dt / period` (docs/semantics.md).
+#[test]
+fn a_clock_running_1_percent_fast_over_admits_no_more_than_its_drift() {
+    let (r, opts) = drifting(10_000, 10_000);
+    assert_clean(&r, &opts);
+    assert!(r.ops.allowed > 1000 && r.ops.denied > 1000, "{:?}", r.ops);
+}
+
+/// The checker is not vacuous: clocks 10 % fast, judged against a 1 % bound, are caught
+/// (hot keys are asked far more often than they refill, so admissions follow the refill).
+#[test]
+fn negative_control_a_clock_10_percent_fast_breaks_the_1_percent_bound() {
+    let (r, _) = drifting(100_000, 10_000);
+    let drift: Vec<_> = r
+        .violations
+        .iter()
+        .filter(|v| v.contains("beyond the drift bound"))
+        .collect();
+    assert!(
+        !drift.is_empty(),
+        "10 % drift went unnoticed: {:?}",
+        r.violations
+    );
+    assert_eq!(
+        drift.len(),
+        r.violations.len(),
+        "only the drift bound breaks"
+    );
 }
 
 /// Runs seeds from `first` until one reports a violation; returns it.

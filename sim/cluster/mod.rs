@@ -9,6 +9,7 @@
 //! - [`check_strict`] — strict limits never over-admit in any window;
 //! - [`check_fast`] — fast limits over-admit only within their bound;
 //! - [`check_lost`] — no acknowledged strict admission is lost;
+//! - [`check_drift`] — in true time, strict limits over-admit no more than clock drift allows;
 //! - [`check_agree`] — replicas applied the same log and agree once healed;
 //! - [`check_live`] — after healing, leaders everywhere and admissions within a bound;
 //! - determinism — the same seed gives a byte-identical trace ([`same_trace`]).
@@ -24,6 +25,7 @@
 
 pub mod bound;
 pub mod check_agree;
+pub mod check_drift;
 pub mod check_fast;
 pub mod check_live;
 pub mod check_lost;
@@ -65,6 +67,8 @@ pub enum Target {
     LeaderOf(u64),
     /// A node not leading this shard at the time.
     FollowerOf(u64),
+    /// Every node.
+    Every,
 }
 
 /// A scripted wall-clock step (the skew scenarios).
@@ -74,6 +78,8 @@ pub struct ClockStep {
     pub target: Target,
     /// Nanoseconds; negative steps the wall clock back.
     pub wall_by: i64,
+    /// From then on the clock (monotonic and wall) runs this many ppm fast (negative: slow).
+    pub drift_ppm: Option<i64>,
 }
 
 #[derive(Debug, Clone)]
@@ -94,6 +100,9 @@ pub struct Options {
     pub controls: Controls,
     /// The liveness bound after healing.
     pub heal_within: Duration,
+    /// The fastest clock drift any node may have (the nemesis draws up to 2 %): what
+    /// `check_drift` allows.
+    pub drift_bound_ppm: i64,
 }
 
 impl Default for Options {
@@ -111,6 +120,7 @@ impl Default for Options {
             clock_script: Vec::new(),
             controls: Controls::default(),
             heal_within: Duration::from_secs(20),
+            drift_bound_ppm: nemesis::MAX_DRIFT_PPM,
         }
     }
 }
@@ -360,24 +370,37 @@ fn run_checked(opts: &Options) -> Report {
         }
         while script.peek().is_some_and(|s| ns(s.at) <= now) {
             if let Some(s) = script.next() {
-                let (group, leader) = match s.target {
-                    Target::LeaderOf(g) | Target::FollowerOf(g) => {
-                        (g, nemesis::leader_of(&nodes, g))
-                    }
+                let leader = match s.target {
+                    Target::LeaderOf(g) | Target::FollowerOf(g) => nemesis::leader_of(&nodes, g),
+                    Target::Every => None,
                 };
-                let victim = nodes.iter().find(|n| match s.target {
+                let victims = nodes.iter().filter(|n| match s.target {
                     Target::LeaderOf(_) => Some(n.id) == leader,
                     Target::FollowerOf(_) => leader.is_some() && Some(n.id) != leader,
+                    Target::Every => true,
                 });
-                if let Some(v) = victim {
-                    v.clock.step_wall(s.wall_by);
+                let mut hit = Vec::new();
+                for v in victims {
+                    if s.wall_by != 0 {
+                        v.clock.step_wall(s.wall_by);
+                    }
+                    if let Some(ppm) = s.drift_ppm {
+                        v.clock.set_drift_ppm(Duration::from_nanos(now), ppm);
+                    }
+                    hit.push(v.name.clone());
+                    if !matches!(s.target, Target::Every) {
+                        break;
+                    }
+                }
+                if !hit.is_empty() {
                     lock(&history).fault(
                         now,
                         format_args!(
-                            "clock {} (shard {group}'s {:?}) wall steps {} ms",
-                            v.name,
+                            "clock {} ({:?}) wall steps {} ms, drift {:?} ppm",
+                            hit.join(","),
                             s.target,
-                            s.wall_by / 1_000_000
+                            s.wall_by / 1_000_000,
+                            s.drift_ppm
                         ),
                     );
                 }
@@ -489,6 +512,13 @@ fn run_checked(opts: &Options) -> Report {
     violations.extend(check_strict::check(&log, |k| {
         consistency(k).is_some_and(|c| c.1 == Consistency::Strict)
     }));
+    violations.extend(check_drift::check(
+        &log,
+        &history.ops,
+        ns(simulated),
+        opts.drift_bound_ppm,
+        |k| consistency(k).is_some_and(|c| c.1 == Consistency::Strict),
+    ));
     violations.extend(check_lost::check(&history, &decisions));
     let (fast_excess, fast) = check_fast::check(
         &history,

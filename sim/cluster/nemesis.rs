@@ -19,6 +19,8 @@ use turmoil::Sim;
 /// The links' normal latency bounds.
 pub const MIN_LATENCY: Duration = Duration::from_millis(1);
 pub const MAX_LATENCY: Duration = Duration::from_millis(10);
+/// The largest clock drift the nemesis gives a node (2 %), either way.
+pub const MAX_DRIFT_PPM: i64 = 20_000;
 
 /// A fault in force, to be healed.
 #[derive(Debug, Clone)]
@@ -174,7 +176,7 @@ impl Nemesis {
             }
             8 => {
                 let v = self.rng.random_range(0..n);
-                let ppm = self.rng.random_range(-20_000i64..=20_000);
+                let ppm = self.rng.random_range(-MAX_DRIFT_PPM..=MAX_DRIFT_PPM);
                 nodes[v].clock.set_drift_ppm(Duration::from_nanos(now), ppm);
                 history.fault(now, format_args!("clock {} drifts {ppm} ppm", name(v)));
             }
