@@ -60,6 +60,20 @@ pub struct Controls {
     pub skip_fsync: bool,
 }
 
+impl Controls {
+    /// The `quorate sim cluster` flags that set these switches.
+    pub fn flags(&self) -> Vec<&'static str> {
+        [
+            (self.apply_local_clock, "--unsafe-apply-local-clock"),
+            (self.answer_before_commit, "--unsafe-answer-before-commit"),
+            (self.skip_fsync, "--unsafe-skip-fsync"),
+        ]
+        .into_iter()
+        .filter_map(|(on, flag)| on.then_some(flag))
+        .collect()
+    }
+}
+
 /// Who a scripted clock step hits.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Target {
@@ -201,15 +215,9 @@ pub fn reproduce(opts: &Options) -> String {
     if !opts.nemesis {
         cmd += " --no-nemesis";
     }
-    let c = opts.controls;
-    for (on, flag) in [
-        (c.apply_local_clock, " --unsafe-apply-local-clock"),
-        (c.answer_before_commit, " --unsafe-answer-before-commit"),
-        (c.skip_fsync, " --unsafe-skip-fsync"),
-    ] {
-        if on {
-            cmd += flag;
-        }
+    for flag in opts.controls.flags() {
+        cmd += " ";
+        cmd += flag;
     }
     if !opts.clock_script.is_empty() {
         cmd += " (with the test's scripted clock steps)";

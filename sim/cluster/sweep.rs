@@ -77,16 +77,7 @@ fn child(exe: &Path, opts: &Options, trace: Option<&Path>) -> Command {
     if !opts.nemesis {
         cmd.arg("--no-nemesis");
     }
-    let c = opts.controls;
-    for (on, flag) in [
-        (c.apply_local_clock, "--unsafe-apply-local-clock"),
-        (c.answer_before_commit, "--unsafe-answer-before-commit"),
-        (c.skip_fsync, "--unsafe-skip-fsync"),
-    ] {
-        if on {
-            cmd.arg(flag);
-        }
-    }
+    cmd.args(opts.controls.flags());
     if let Some(t) = trace {
         cmd.arg("--trace").arg(t);
     }
