@@ -11,10 +11,11 @@
 //!
 //! where `d` is the fastest drift any node had (`Options::drift_bound_ppm`). Each admission
 //! is placed by its shard time, and its true time is only known to lie between the call's
-//! invocation and its answer (the end of the run for an unknown outcome), so a span is taken
-//! at its widest: from the earlier admission's invocation to the later one's answer.
+//! invocation and its "allowed" answer (the end of the run for any other outcome: a
+//! fallback denial or an unknown outcome may be applied later), so a span is taken at its
+//! widest: from the earlier admission's invocation to the later one's answer.
 
-use super::history::{AppliedLog, Op};
+use super::history::{AppliedLog, Op, Outcome};
 use crate::limiter::{Algorithm, Limit, Nanos};
 use std::collections::BTreeMap;
 
@@ -30,13 +31,16 @@ pub fn check(
     drift_bound_ppm: i64,
     is_strict: impl Fn(&str) -> bool,
 ) -> Vec<String> {
+    // Only an "allowed" answer says the decision was made by then: a fallback denial
+    // (`on_unavailable`) or an unknown outcome may be applied, as an admission, after it.
     let calls: BTreeMap<String, (Nanos, Nanos)> = ops
         .iter()
         .map(|o| {
-            (
-                format!("{}#0", o.id),
-                (o.invoked, o.completed.unwrap_or(end)),
-            )
+            let by = match (&o.outcome, o.completed) {
+                (Outcome::Allowed, Some(t)) => t,
+                _ => end,
+            };
+            (format!("{}#0", o.id), (o.invoked, by))
         })
         .collect();
     let mut keys: BTreeMap<&str, (&Limit, Spans)> = BTreeMap::new();
@@ -91,9 +95,11 @@ fn violation(limit: &Limit, spans: &[(Nanos, Nanos, Nanos, u64)], ppm: i64) -> O
         if sum * period * M - q * hi as i128 > cap * period * M + b {
             let units: u64 = spans[i..=j].iter().map(|s| s.3).sum();
             return Some(format!(
-                "{units} units admitted within {} ns of true time (calls from {} to {hi} ns); the bound is {cap} + {} x (1 + {ppm}/10^6) x dt / {period}",
+                "{units} units admitted within {} ns of true time (calls from {} to {hi} ns, shard times {} to {}); the bound is {cap} + {} x (1 + {ppm}/10^6) x dt / {period}",
                 hi.saturating_sub(spans[i].1),
                 spans[i].1,
+                spans[i].0,
+                spans[j].0,
                 limit.quota()
             ));
         }
