@@ -612,7 +612,10 @@ async fn a_node_added_at_runtime_serves_and_a_removed_node_leaves() {
     assert!(answer.starts_with("HTTP/1.1 200"), "{answer}");
     let after = blocking(|| voters(&cluster, 2));
     assert!(after.iter().all(|v| v == &vec![2, 3, 4]), "{after:?}");
-    blocking(|| cluster.stop(0));
+    blocking(|| {
+        cluster.stop(0);
+        cluster.wait_ready(Duration::from_secs(30));
+    });
     let removed_again =
         blocking(|| change(&cluster, 1, r#"{"add": {"id": 1, "addr": "127.0.0.1:1"}}"#));
     assert!(removed_again.contains("not fresh"), "{removed_again}");
@@ -637,7 +640,20 @@ fn group_field(cluster: &Cluster, i: usize, field: &str) -> Vec<serde_json::Valu
 async fn a_lagging_node_catches_up_by_snapshot_and_every_replica_agrees() {
     // A snapshot every 20 entries, so the log behind the stopped node is purged.
     let mut cluster = blocking(|| Cluster::start(3, &policies(), &["--snapshot-every", "20"]));
-    blocking(|| assert!(cluster.stop(2)));
+    // The shards node 3 led elect new leaders before the load starts (a stopped leader's
+    // shards answer by `on_unavailable` until then).
+    blocking(|| {
+        assert!(cluster.stop(2));
+        let started = Instant::now();
+        while cluster
+            .leaders(0)
+            .iter()
+            .any(|l| l.is_none() || *l == Some(3))
+        {
+            assert!(started.elapsed() < Duration::from_secs(30), "no failover");
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    });
     let clients: Vec<Client> = (0..2).map(|i| client(cluster.members[i].resp)).collect();
     for n in 0..800usize {
         let key = format!("s{}", n % 40);

@@ -241,10 +241,28 @@ impl Cluster {
             let raft = Raft::new(config.node_id, raft_config.clone(), network, log, sm)
                 .await
                 .map_err(|e| format!("shard {g}: cannot start raft: {e}"))?;
+            // A new cluster: the member a group prefers (the one at position g mod members,
+            // as the rebalance loop reckons) starts it, and leads it from the outset, so no
+            // leadership has to move after a start. The others start it only if it still
+            // has no leader after a while (its preferred member did not come up).
             if !config.join && !raft.is_initialized().await.map_err(|e| e.to_string())? {
-                if let Err(e) = raft.initialize(members.clone()).await {
-                    tracing::debug!(group = g, error = %e, "initialize skipped");
-                }
+                let ids: Vec<NodeId> = members.keys().copied().collect();
+                let preferred = ids[g as usize % ids.len()];
+                let (raft, members) = (raft.clone(), members.clone());
+                let wait = config.election_max * 4;
+                tokio::spawn(async move {
+                    if preferred != config.node_id {
+                        tokio::time::sleep(wait).await;
+                        let m = raft.metrics().borrow().clone();
+                        if m.current_leader.is_some() || m.membership_config.voter_ids().count() > 0
+                        {
+                            return;
+                        }
+                    }
+                    if let Err(e) = raft.initialize(members).await {
+                        tracing::debug!(group = g, error = %e, "initialize skipped");
+                    }
+                });
             }
             groups.push(Arc::new(Group {
                 id: g,
