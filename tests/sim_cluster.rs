@@ -7,7 +7,7 @@
 
 use quorate::sim::cluster::{
     reproduce, run, same_trace,
-    sweep::{sweep, Plan},
+    sweep::{run_in_child, sweep, Plan},
     ClockStep, Controls, Options, Report, Target,
 };
 use std::time::Duration;
@@ -94,20 +94,21 @@ fn regression_seed_7_window_check_uses_the_applied_time() {
 
 #[test]
 fn the_same_seed_gives_a_byte_identical_trace() {
-    let dir = std::env::temp_dir();
+    let opts = Options {
+        seed: 5021,
+        duration: Duration::from_secs(60),
+        ..Options::default()
+    };
+    // Each run in a fresh `quorate` process, as a sweep runs its seeds.
     let trace = |tag: &str| {
-        let file = dir.join(format!("quorate-det-{}-{tag}.txt", std::process::id()));
-        let status = std::process::Command::new(env!("CARGO_BIN_EXE_quorate"))
-            .args(["sim", "cluster", "--seed", "5021", "--duration", "60"])
-            .arg("--trace")
-            .arg(&file)
-            .stdout(std::process::Stdio::null())
-            .stderr(std::process::Stdio::null())
-            .status()
-            .unwrap();
+        let file =
+            std::env::temp_dir().join(format!("quorate-det-{}-{tag}.txt", std::process::id()));
+        let r = run_in_child(env!("CARGO_BIN_EXE_quorate").as_ref(), &opts, Some(&file));
         assert!(
-            status.success(),
-            "quorate sim cluster --seed 5021 --duration 60 failed"
+            r.violations.is_empty(),
+            "{}: {:?}",
+            reproduce(&opts),
+            r.violations
         );
         let text = std::fs::read_to_string(&file).unwrap();
         let _ = std::fs::remove_file(&file);
