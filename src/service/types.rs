@@ -3,6 +3,7 @@
 
 use crate::limiter::{Algorithm, Decision, Nanos};
 use serde::{Deserialize, Serialize};
+use std::borrow::Cow;
 
 /// Which limit a check spends.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -56,7 +57,8 @@ pub struct CheckRequest {
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ItemDecision {
     /// The limit's name (`inline` for inline limits, `cl.throttle` for CL.THROTTLE).
-    pub limit: String,
+    /// Borrowed for the built-in names: one allocation fewer per decision.
+    pub limit: Cow<'static, str>,
     pub key: String,
     pub algorithm: Algorithm,
     /// The limit's period in nanoseconds (for `RateLimit-Policy` headers).

@@ -166,7 +166,7 @@ pub fn render(resp: &CheckResponse, deny_status: StatusCode) -> Rendered {
 fn check_body(i: &ItemDecision) -> CheckBody {
     let d = &i.decision;
     CheckBody {
-        limit: i.limit.clone(),
+        limit: i.limit.to_string(),
         key: i.key.clone(),
         algorithm: i.algorithm,
         allowed: d.allowed(),
@@ -198,7 +198,7 @@ mod tests {
 
     fn item(limit: &str, outcome: Outcome, remaining: u64, retry: Nanos) -> ItemDecision {
         ItemDecision {
-            limit: limit.into(),
+            limit: limit.to_owned().into(),
             key: "alice".into(),
             algorithm: Algorithm::SlidingLog,
             period_ns: 60 * SECOND,

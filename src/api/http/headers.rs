@@ -92,7 +92,7 @@ mod tests {
         reset: Nanos,
     ) -> ItemDecision {
         ItemDecision {
-            limit: limit.into(),
+            limit: limit.to_owned().into(),
             key: "k".into(),
             algorithm: Algorithm::SlidingLog,
             period_ns: 60 * SECOND,

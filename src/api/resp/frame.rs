@@ -208,8 +208,9 @@ fn scan_array(buf: &[u8], limits: &Limits) -> Result<Option<Scanned>, ProtocolEr
             max: limits.max_elements,
         });
     }
-    // Grows with the elements that arrived; never sized from the declared count.
-    let mut ranges = Vec::new();
+    // Sized for a usual command (CL.THROTTLE has 6 elements), never from the declared count
+    // beyond that: it grows with the elements that arrived.
+    let mut ranges = Vec::with_capacity((count as usize).min(8));
     for _ in 0..count {
         let Some(&kind) = buf.get(pos) else {
             return Ok(None);

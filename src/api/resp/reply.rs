@@ -15,9 +15,11 @@
 //! so that clients know a retry may succeed.
 
 use super::command::CheckReply;
+use super::encode;
 use super::frame::Frame;
 use crate::limiter::{ceil_secs, Decision, Nanos, Outcome};
 use crate::service::{CheckError, CheckResponse, ItemDecision};
+use bytes::BytesMut;
 
 /// The reply to a decided check.
 pub fn check_reply(kind: CheckReply, resp: &CheckResponse) -> Frame {
@@ -44,21 +46,37 @@ pub fn error_reason(err: &CheckError) -> Option<&'static str> {
     }
 }
 
+/// Appends the reply to a decided check to `out`: the bytes of
+/// `encode(&check_reply(kind, resp))`, with `CL.THROTTLE`'s five integers written
+/// directly (a frame built per reply showed in profiles of pipelined load).
+pub fn write_check_reply(kind: CheckReply, resp: &CheckResponse, out: &mut BytesMut) {
+    match (kind, throttle_numbers(resp)) {
+        (CheckReply::Throttle, Some(numbers)) => encode::integers(&numbers, out),
+        _ => encode::encode(&check_reply(kind, resp), out),
+    }
+}
+
 fn throttle(resp: &CheckResponse) -> Frame {
-    let Some(item) = resp.items.first() else {
-        return Frame::err("internal error: the check returned no decision");
-    };
-    let d = &item.decision;
+    match throttle_numbers(resp) {
+        Some(numbers) => Frame::Array(numbers.into_iter().map(Frame::Integer).collect()),
+        None => Frame::err("internal error: the check returned no decision"),
+    }
+}
+
+/// `CL.THROTTLE`'s five integers, or `None` if the service returned no decision.
+fn throttle_numbers(resp: &CheckResponse) -> Option<[i64; 5]> {
+    let d = &resp.items.first()?.decision;
+    let int = |n: u64| i64::try_from(n).unwrap_or(i64::MAX);
     let retry_after = match (resp.allowed, d.outcome) {
-        (true, _) | (false, Outcome::Never) => Frame::Integer(-1),
-        (false, _) => Frame::uint(d.retry_after_secs()),
+        (true, _) | (false, Outcome::Never) => -1,
+        (false, _) => int(d.retry_after_secs()),
     };
-    Frame::Array(vec![
-        Frame::Integer(i64::from(!resp.allowed)),
-        Frame::uint(d.limit),
-        Frame::uint(d.remaining),
+    Some([
+        i64::from(!resp.allowed),
+        int(d.limit),
+        int(d.remaining),
         retry_after,
-        Frame::uint(d.reset_after_secs()),
+        int(d.reset_after_secs()),
     ])
 }
 
@@ -83,7 +101,7 @@ fn item(i: &ItemDecision) -> Frame {
         Outcome::Denied => Frame::uint(ceil_millis(d.retry_after)),
     };
     Frame::Array(vec![
-        Frame::bulk(i.limit.clone()),
+        Frame::bulk(i.limit.to_string()),
         Frame::bulk(i.key.clone()),
         Frame::Integer(i64::from(d.allowed())),
         Frame::uint(d.limit),
@@ -123,7 +141,7 @@ mod tests {
 
     fn item(limit: &str, key: &str, d: Decision) -> ItemDecision {
         ItemDecision {
-            limit: limit.into(),
+            limit: limit.to_owned().into(),
             key: key.into(),
             algorithm: Algorithm::Gcra,
             period_ns: 60 * SECOND,
@@ -136,6 +154,39 @@ mod tests {
 
     fn wire(f: Frame) -> String {
         String::from_utf8(to_bytes(&f).to_vec()).unwrap()
+    }
+
+    #[test]
+    fn a_throttle_reply_written_directly_is_the_frame_encoded() {
+        for (allowed, outcome) in [
+            (true, Outcome::Allowed),
+            (false, Outcome::Denied),
+            (false, Outcome::Never),
+        ] {
+            let resp = CheckResponse {
+                allowed,
+                items: vec![item(
+                    "cl.throttle",
+                    "k",
+                    decision(outcome, u64::MAX, 7, 1_500_000_000, 2 * SECOND),
+                )],
+            };
+            for kind in [CheckReply::Throttle, CheckReply::Check] {
+                let mut direct = BytesMut::new();
+                write_check_reply(kind, &resp, &mut direct);
+                assert_eq!(
+                    String::from_utf8(direct.to_vec()).unwrap(),
+                    wire(check_reply(kind, &resp))
+                );
+            }
+        }
+        let empty = CheckResponse {
+            allowed: false,
+            items: vec![],
+        };
+        let mut direct = BytesMut::new();
+        write_check_reply(CheckReply::Throttle, &empty, &mut direct);
+        assert!(direct.starts_with(b"-ERR internal error"));
     }
 
     #[test]
