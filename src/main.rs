@@ -86,6 +86,10 @@ struct NodeArgs {
     /// Log filter, e.g. "info" or "quorate=debug" (RUST_LOG syntax).
     #[arg(long, env = "QUORATE_LOG", default_value = "info")]
     log: String,
+    /// Worker threads of the node's async runtime (default: the CPUs this process may use).
+    /// With one, the node runs a single-threaded runtime: no cross-thread wake-ups.
+    #[arg(long, env = "QUORATE_THREADS", value_parser = clap::value_parser!(u16).range(1..))]
+    threads: Option<u16>,
     #[command(flatten)]
     options: NodeOptions,
 }
@@ -548,7 +552,19 @@ mod node {
             .with_writer(std::io::stderr)
             .with_ansi(ansi)
             .init();
-        let runtime = tokio::runtime::Runtime::new().map_err(|e| CliError::Node(e.to_string()))?;
+        let threads = args.threads.map(usize::from).unwrap_or_else(|| {
+            std::thread::available_parallelism().map_or(1, std::num::NonZeroUsize::get)
+        });
+        let runtime = if threads == 1 {
+            tokio::runtime::Builder::new_current_thread()
+        } else {
+            let mut b = tokio::runtime::Builder::new_multi_thread();
+            b.worker_threads(threads);
+            b
+        }
+        .enable_all()
+        .build()
+        .map_err(|e| CliError::Node(e.to_string()))?;
         runtime
             .block_on(serve(config, policies))
             .map_err(|e| CliError::Node(e.to_string()))

@@ -688,6 +688,27 @@ async fn an_idle_connection_is_closed_after_idle_timeout() {
 }
 
 #[tokio::test]
+async fn a_connection_that_keeps_talking_outlives_idle_timeout_and_is_closed_once_quiet() {
+    // The connection's one idle timer fires at its first deadline while the client is still
+    // talking; it must move on, not close (and must still close once the client stops).
+    let node = Node::start(|c| c.idle_timeout = Duration::from_millis(300)).await;
+    let mut c = node.connect().await;
+    for _ in 0..10 {
+        // 1 s of traffic in all: more than three idle limits.
+        c.roundtrip(&cmd("PING"), "+PONG\r\n").await;
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    c.roundtrip(&cmd("PING"), "+PONG\r\n").await;
+    let quiet = std::time::Instant::now();
+    c.expect_closed().await;
+    let after = quiet.elapsed();
+    assert!(
+        after >= Duration::from_millis(250),
+        "closed {after:?} after the last request"
+    );
+}
+
+#[tokio::test]
 async fn a_half_sent_request_does_not_keep_a_connection_past_idle_timeout() {
     let node = Node::start(|c| c.idle_timeout = Duration::from_millis(300)).await;
     let mut c = node.connect().await;

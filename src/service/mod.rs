@@ -22,6 +22,7 @@ use crate::shard::route::shard_of;
 use crate::shard::state::Bounds;
 use resolve::Resolved;
 use serde::Serialize;
+use std::borrow::Cow;
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
@@ -116,28 +117,34 @@ pub struct ReloadReport {
     pub changed: Vec<String>,
 }
 
+/// A check's request id and its resolved items, or the error that refused it.
+type ResolvedCheck = (Option<String>, Result<Vec<Resolved>, CheckError>);
+
 /// Decisions counted during one call, added to the `decisions` metric once per (limit,
 /// outcome) at its end: a metric-vector lookup per decision showed in profiles of
 /// pipelined load.
 #[derive(Default)]
-struct DecisionTally(Vec<(String, &'static str, u64)>);
+struct DecisionTally(Vec<(Cow<'static, str>, &'static str, u64)>);
 
 impl DecisionTally {
-    fn count(&mut self, limit: &str, outcome: &'static str) {
+    // A `&Cow`, not a `&str`: cloning it copies nothing for the built-in names.
+    #[allow(clippy::ptr_arg)]
+    fn count(&mut self, limit: &Cow<'static, str>, outcome: &'static str) {
         match self
             .0
             .iter_mut()
             .find(|(l, o, _)| *o == outcome && l == limit)
         {
             Some((_, _, n)) => *n += 1,
-            None => self.0.push((limit.to_owned(), outcome, 1)),
+            // Borrowed (built-in) names are not copied.
+            None => self.0.push((limit.clone(), outcome, 1)),
         }
     }
 
     fn add_to(&self, decisions: &prometheus::IntCounterVec) {
         for (limit, outcome, n) in &self.0 {
             decisions
-                .with_label_values(&[limit.as_str(), outcome])
+                .with_label_values(&[limit.as_ref(), outcome])
                 .inc_by(*n);
         }
     }
@@ -240,16 +247,83 @@ impl Service {
     /// see the reservation and be denied (docs/semantics.md).
     pub async fn check_many(
         &self,
-        reqs: Vec<CheckRequest>,
+        mut reqs: Vec<CheckRequest>,
     ) -> Vec<Result<CheckResponse, CheckError>> {
         let started = self.inner.clock.monotonic();
         let policies = self.policies();
+        let config = &self.inner.config;
+        if let [req] = reqs.as_mut_slice() {
+            // An unpipelined client's request: most calls. One item needs no fan-out, no
+            // all-or-nothing bookkeeping and no refund, so it skips their allocations.
+            let answer = match resolve::request(req, &policies, config) {
+                Ok(items) if items.len() == 1 => {
+                    self.check_one_item(items, req.request_id.as_deref(), started)
+                        .await
+                }
+                Ok(items) => {
+                    let id = req.request_id.take();
+                    return self.decide(vec![(id, Ok(items))], started).await;
+                }
+                Err(e) => Err(e),
+            };
+            return vec![answer];
+        }
+        let resolved = reqs
+            .into_iter()
+            .map(|mut req| {
+                let items = resolve::request(&mut req, &policies, config);
+                (req.request_id, items)
+            })
+            .collect();
+        self.decide(resolved, started).await
+    }
+
+    /// A check of exactly one item: one command to one shard, under the call's timeout.
+    async fn check_one_item(
+        &self,
+        mut items: Vec<Resolved>,
+        request_id: Option<&str>,
+        started: crate::limiter::Nanos,
+    ) -> Result<CheckResponse, CheckError> {
+        let item = &mut items[0];
+        let shard = shard_of(&item.storage_key, self.inner.shards.count());
+        let fast = item.fast;
+        let command = item.command(request_id, 0, true);
+        let timeout = self.inner.call_timeout;
+        let applied = match tokio::time::timeout(
+            timeout,
+            self.inner.shards.apply(shard, vec![command], fast),
+        )
+        .await
+        {
+            Ok(Ok(mut applied)) => applied.pop(),
+            Ok(Err(e)) => return Err(CheckError::Unavailable(e.to_string())),
+            Err(_) => {
+                return Err(CheckError::Unavailable(format!(
+                    "no answer from a shard within {timeout:?}"
+                )))
+            }
+        };
+        let mut counted = DecisionTally::default();
+        let response = self.respond(&mut items, &[applied], started, &mut counted);
+        counted.add_to(&self.inner.metrics.decisions);
+        // A denied one-item check consumed nothing: nothing to refund.
+        Ok(response)
+    }
+
+    /// Decides resolved checks (each with its request id, or the error that refused it):
+    /// one message per shard, then refunds for the checks that were denied in part.
+    async fn decide(
+        &self,
+        checks: Vec<ResolvedCheck>,
+        started: crate::limiter::Nanos,
+    ) -> Vec<Result<CheckResponse, CheckError>> {
         let mut answers: Vec<Option<Result<CheckResponse, CheckError>>> =
-            Vec::with_capacity(reqs.len());
-        let mut resolved: Vec<Vec<Resolved>> = Vec::with_capacity(reqs.len());
+            Vec::with_capacity(checks.len());
+        let mut resolved: Vec<Vec<Resolved>> = Vec::with_capacity(checks.len());
         let mut per_shard: BTreeMap<u32, ShardBatch> = BTreeMap::new();
-        for (r, mut req) in reqs.into_iter().enumerate() {
-            match resolve::request(&mut req, &policies, &self.inner.config) {
+        for (r, (request_id, check)) in checks.into_iter().enumerate() {
+            match check {
                 Ok(mut items) => {
                     let single = items.len() == 1;
                     for (i, item) in items.iter_mut().enumerate() {
@@ -259,8 +333,7 @@ impl Service {
                             .or_insert_with(|| (Vec::new(), Vec::new(), true));
                         slot.2 &= item.fast;
                         slot.0.push((r, i));
-                        slot.1
-                            .push(item.command(req.request_id.as_deref(), i, single));
+                        slot.1.push(item.command(request_id.as_deref(), i, single));
                     }
                     answers.push(None);
                     resolved.push(items);
@@ -323,6 +396,12 @@ impl Service {
             answers[r] = Some(Ok(response));
         }
         counted.add_to(&self.inner.metrics.decisions);
+        if refunds.is_empty() {
+            return answers
+                .into_iter()
+                .map(|a| a.unwrap_or_else(|| Err(CheckError::Unavailable("no answer".into()))))
+                .collect();
+        }
         let refunds = refunds
             .into_iter()
             .map(|(shard, commands)| shards.apply(shard, commands, true));
