@@ -30,35 +30,23 @@ const READ_CHUNK: usize = 16 * 1024;
 /// Whether the server has asked connections to stop (mini-redis's pattern: the server drops
 /// the broadcast sender, and every receiver then sees `Closed`).
 pub struct Shutdown {
-    stopping: bool,
     notify: broadcast::Receiver<()>,
 }
 
 impl Shutdown {
     pub fn new(notify: broadcast::Receiver<()>) -> Self {
-        Shutdown {
-            stopping: false,
-            notify,
-        }
+        Shutdown { notify }
     }
 
-    /// Waits for the signal.
-    pub async fn recv(&mut self) {
-        if !self.stopping {
-            let _ = self.notify.recv().await;
-            self.stopping = true;
-        }
-    }
-
-    /// True once the signal was sent, without waiting.
-    pub fn is_stopping(&mut self) -> bool {
-        if !self.stopping {
-            self.stopping = !matches!(
-                self.notify.try_recv(),
-                Err(broadcast::error::TryRecvError::Empty)
-            );
-        }
-        self.stopping
+    /// A check (true once the server has stopped: one atomic load) and the wait for that.
+    /// A connection keeps the one wait for its whole life, so it is registered with the
+    /// channel once, not once per read.
+    fn split(self) -> (impl Fn() -> bool, impl std::future::Future<Output = ()>) {
+        let check = self.notify.resubscribe();
+        let mut notify = self.notify;
+        (move || check.is_closed(), async move {
+            let _ = notify.recv().await;
+        })
     }
 }
 
@@ -67,20 +55,26 @@ pub async fn handle<S: Stream>(
     mut stream: S,
     peer: SocketAddr,
     service: Service,
-    mut shutdown: Shutdown,
+    shutdown: Shutdown,
 ) {
     let config = service.config();
     let limits = Limits::from_max_frame_bytes(config.max_frame_bytes);
     let cap = limits.max_frame.saturating_add(READ_CHUNK);
     let mut idle = IdleTimer::new(&service, config.idle_timeout);
+    let latency = service
+        .metrics()
+        .decision_latency
+        .with_label_values(&["resp"]);
+    let (stopping, stop) = shutdown.split();
+    let mut stop = std::pin::pin!(stop);
     let mut buf = BytesMut::new();
     loop {
-        if shutdown.is_stopping() {
+        if stopping() {
             return;
         }
         let (requests, error) = take_batch(&mut buf, &limits);
         if !requests.is_empty() || error.is_some() {
-            let out = exec::run(&service, requests, error, peer).await;
+            let out = exec::run(&service, requests, error, peer, &latency).await;
             let sent = idle
                 .bound(async {
                     stream.write_all(&out.bytes).await?;
@@ -105,7 +99,7 @@ pub async fn handle<S: Stream>(
             let e = ProtocolError::FrameTooLarge {
                 max: limits.max_frame,
             };
-            let out = exec::run(&service, Vec::new(), Some(e), peer).await;
+            let out = exec::run(&service, Vec::new(), Some(e), peer, &latency).await;
             let _ = idle.bound(stream.write_all(&out.bytes)).await;
             return;
         }
@@ -113,7 +107,7 @@ pub async fn handle<S: Stream>(
         let mut limited = (&mut stream).take(room as u64);
         let read = tokio::select! {
             r = idle.bound(limited.read_buf(&mut buf)) => r,
-            _ = shutdown.recv() => return,
+            _ = &mut stop => return,
         };
         match read {
             Some(Ok(0)) => return,
