@@ -66,6 +66,55 @@ fn derive_seed(seed: &[u8; 32], label: &[u8]) -> [u8; 32] {
     h.finalize().into()
 }
 
+/// The file in a data directory that records its cluster's shard count.
+pub const SHARDS_FILE: &str = "shards";
+
+/// Refuses a data directory written with another shard count. Which group holds a key
+/// follows from the count, so a member that started on the same data with another count
+/// would look for keys in groups whose state does not have them (their allowances would
+/// start afresh). A directory without the record gets one (fsynced, then its directory).
+pub fn check_shard_count(data_dir: &std::path::Path, shards: u32) -> io::Result<()> {
+    let path = data_dir.join(SHARDS_FILE);
+    match std::fs::read_to_string(&path) {
+        Ok(text) => {
+            let found: u32 = text.trim().parse().map_err(|_| {
+                io::Error::new(
+                    io::ErrorKind::InvalidData,
+                    format!(
+                        "{} should hold the data directory's shard count, not {:?}: restore it \
+                         (it is the count the cluster was created with)",
+                        path.display(),
+                        text.trim()
+                    ),
+                )
+            })?;
+            if found == shards {
+                return Ok(());
+            }
+            Err(io::Error::new(
+                io::ErrorKind::InvalidInput,
+                format!(
+                    "the data directory {} belongs to a cluster of {found} shards, but this \
+                     member is configured with {shards}: start it with --shards {found} \
+                     (QUORATE_SHARDS={found}), or give a new cluster a new data directory",
+                    data_dir.display()
+                ),
+            ))
+        }
+        Err(e) if e.kind() == io::ErrorKind::NotFound => {
+            use std::io::Write;
+            std::fs::create_dir_all(data_dir)?;
+            let tmp = data_dir.join(format!("{SHARDS_FILE}.tmp"));
+            let mut f = std::fs::File::create(&tmp)?;
+            writeln!(f, "{shards}")?;
+            f.sync_all()?;
+            std::fs::rename(&tmp, &path)?;
+            std::fs::File::open(data_dir)?.sync_all()
+        }
+        Err(e) => Err(e),
+    }
+}
+
 /// Starts the member's Raft groups and peer server; returns the service and the peer
 /// server's task (it ends when `shutdown` resolves).
 pub async fn start<P: Listener, C: Connector>(
@@ -94,6 +143,16 @@ pub async fn start<P: Listener, C: Connector>(
         .filter(|(id, _)| **id != settings.node_id)
         .map(|(id, addr)| (*id, addr.clone()))
         .collect();
+    let shards = config.shards.max(1);
+    // Under the simulation (I/O on the runtime) inline, like the WAL's opening below.
+    let dir = data_dir.clone();
+    if settings.hooks.io_on_runtime {
+        check_shard_count(&dir, shards)?;
+    } else {
+        tokio::task::spawn_blocking(move || check_shard_count(&dir, shards))
+            .await
+            .map_err(io::Error::other)??;
+    }
     let wal_dir = data_dir.join("wal");
     // The negative control of the durability tests: no fsync, acknowledgements before the
     // write, and writes held in process memory, so kill -9 loses acknowledged entries.
@@ -133,7 +192,7 @@ pub async fn start<P: Listener, C: Connector>(
     let metrics = Metrics::new();
     let mut cluster_config =
         ClusterConfig::defaults(settings.node_id, settings.members.clone(), data_dir.clone());
-    cluster_config.shards = config.shards.max(1);
+    cluster_config.shards = shards;
     cluster_config.heartbeat = settings.heartbeat;
     cluster_config.election_min = settings.election_timeout;
     cluster_config.election_max = settings.election_timeout * 2;
@@ -203,4 +262,40 @@ pub async fn start<P: Listener, C: Connector>(
         "cluster member started"
     );
     Ok((service, server))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_data_directory_keeps_its_shard_count_and_refuses_another() {
+        let dir = tempfile::tempdir().unwrap();
+        let data = dir.path().join("data");
+        check_shard_count(&data, 16).unwrap();
+        assert_eq!(
+            std::fs::read_to_string(data.join(SHARDS_FILE)).unwrap(),
+            "16\n"
+        );
+        check_shard_count(&data, 16).unwrap();
+        let e = check_shard_count(&data, 3).unwrap_err();
+        assert_eq!(e.kind(), io::ErrorKind::InvalidInput);
+        let msg = e.to_string();
+        assert!(msg.contains("cluster of 16 shards"), "{msg}");
+        assert!(msg.contains("--shards 16"), "{msg}");
+        // The refusal changed nothing.
+        assert_eq!(
+            std::fs::read_to_string(data.join(SHARDS_FILE)).unwrap(),
+            "16\n"
+        );
+    }
+
+    #[test]
+    fn a_damaged_shard_count_record_is_refused_with_its_path() {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::write(dir.path().join(SHARDS_FILE), "sixteen").unwrap();
+        let e = check_shard_count(dir.path(), 16).unwrap_err();
+        assert_eq!(e.kind(), io::ErrorKind::InvalidData);
+        assert!(e.to_string().contains(SHARDS_FILE), "{e}");
+    }
 }
