@@ -115,6 +115,22 @@ pub fn check_shard_count(data_dir: &std::path::Path, shards: u32) -> io::Result<
     }
 }
 
+/// Runs blocking file work on the blocking pool, or inline when `inline` (under the
+/// simulation, where I/O runs on the runtime: a blocking-pool thread's timing is outside
+/// simulated time).
+async fn blocking_io<T: Send + 'static>(
+    inline: bool,
+    work: impl FnOnce() -> io::Result<T> + Send + 'static,
+) -> io::Result<T> {
+    if inline {
+        work()
+    } else {
+        tokio::task::spawn_blocking(work)
+            .await
+            .map_err(io::Error::other)?
+    }
+}
+
 /// Starts the member's Raft groups and peer server; returns the service and the peer
 /// server's task (it ends when `shutdown` resolves).
 pub async fn start<P: Listener, C: Connector>(
@@ -144,15 +160,11 @@ pub async fn start<P: Listener, C: Connector>(
         .map(|(id, addr)| (*id, addr.clone()))
         .collect();
     let shards = config.shards.max(1);
-    // Under the simulation (I/O on the runtime) inline, like the WAL's opening below.
     let dir = data_dir.clone();
-    if settings.hooks.io_on_runtime {
-        check_shard_count(&dir, shards)?;
-    } else {
-        tokio::task::spawn_blocking(move || check_shard_count(&dir, shards))
-            .await
-            .map_err(io::Error::other)??;
-    }
+    blocking_io(settings.hooks.io_on_runtime, move || {
+        check_shard_count(&dir, shards)
+    })
+    .await?;
     let wal_dir = data_dir.join("wal");
     // The negative control of the durability tests: no fsync, acknowledgements before the
     // write, and writes held in process memory, so kill -9 loses acknowledged entries.
@@ -167,15 +179,11 @@ pub async fn start<P: Listener, C: Connector>(
             "UNSAFE: --unsafe-no-fsync is set; acknowledged decisions can be lost on a crash"
         );
     }
-    // Blocking: it reads the whole log. Under the simulation (WAL writer on the runtime) it
-    // runs inline: a blocking-pool thread's timing is outside simulated time.
-    let (mut log, _) = if options.writer_on_runtime {
-        NodeLog::open(&wal_dir, options)?
-    } else {
-        tokio::task::spawn_blocking(move || NodeLog::open(&wal_dir, options))
-            .await
-            .map_err(io::Error::other)??
-    };
+    // Blocking: it reads the whole log.
+    let (mut log, _) = blocking_io(options.writer_on_runtime, move || {
+        NodeLog::open(&wal_dir, options)
+    })
+    .await?;
     log.set_unsafe_ack_before_durable(!settings.wal_sync);
     let log_stats = log.wal().clone();
 

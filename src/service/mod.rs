@@ -117,6 +117,11 @@ pub struct ReloadReport {
     pub changed: Vec<String>,
 }
 
+/// Why a call whose shards did not answer within `timeout` is unavailable.
+fn no_answer_within(timeout: std::time::Duration) -> String {
+    format!("no answer from a shard within {timeout:?}")
+}
+
 /// A check's request id and its resolved items, or the error that refused it.
 type ResolvedCheck = (Option<String>, Result<Vec<Resolved>, CheckError>);
 
@@ -298,11 +303,7 @@ impl Service {
         {
             Ok(Ok(mut applied)) => applied.pop(),
             Ok(Err(e)) => return Err(CheckError::Unavailable(e.to_string())),
-            Err(_) => {
-                return Err(CheckError::Unavailable(format!(
-                    "no answer from a shard within {timeout:?}"
-                )))
-            }
+            Err(_) => return Err(CheckError::Unavailable(no_answer_within(timeout))),
         };
         let mut counted = DecisionTally::default();
         let response = self.respond(&mut items, &[applied], started, &mut counted);
@@ -360,7 +361,7 @@ impl Service {
         let outcomes = match tokio::time::timeout(timeout, futures::future::join_all(sent)).await {
             Ok(outcomes) => outcomes,
             Err(_) => {
-                let why = format!("no answer from a shard within {timeout:?}");
+                let why = no_answer_within(timeout);
                 return answers
                     .into_iter()
                     .map(|a| a.unwrap_or_else(|| Err(CheckError::Unavailable(why.clone()))))
@@ -396,12 +397,20 @@ impl Service {
             answers[r] = Some(Ok(response));
         }
         counted.add_to(&self.inner.metrics.decisions);
-        if refunds.is_empty() {
-            return answers
-                .into_iter()
-                .map(|a| a.unwrap_or_else(|| Err(CheckError::Unavailable("no answer".into()))))
-                .collect();
+        if !refunds.is_empty() {
+            self.refund(refunds).await;
         }
+        answers
+            .into_iter()
+            .map(|a| a.unwrap_or_else(|| Err(CheckError::Unavailable("no answer".into()))))
+            .collect()
+    }
+
+    /// Gives back what the items of denied or failed checks admitted, under one timer. A
+    /// refund that fails or times out leaves its admission consumed: the safe side.
+    async fn refund(&self, refunds: BTreeMap<u32, Vec<Command>>) {
+        let shards = &self.inner.shards;
+        let timeout = self.inner.call_timeout;
         let refunds = refunds
             .into_iter()
             .map(|(shard, commands)| shards.apply(shard, commands, true));
@@ -417,13 +426,8 @@ impl Service {
             }
         };
         for failed in refunded.into_iter().filter_map(Result::err) {
-            // The admission stays consumed: the error is on the safe side.
             tracing::warn!(error = %failed, "refund not applied");
         }
-        answers
-            .into_iter()
-            .map(|a| a.unwrap_or_else(|| Err(CheckError::Unavailable("no answer".into()))))
-            .collect()
     }
 
     /// Builds the response from the items' results (all present), counting and logging.
