@@ -179,7 +179,7 @@ struct Writer {
 }
 
 /// Zeros written per call when extending a segment.
-const ZEROS: [u8; 64 << 10] = [0; 64 << 10];
+static ZEROS: [u8; 64 << 10] = [0; 64 << 10];
 
 /// The `volatile` cache is written out at this size.
 const VOLATILE_FLUSH: usize = 8 << 20;
