@@ -130,6 +130,14 @@ pub fn member_for_host(members: &BTreeMap<u64, String>, hostname: &str) -> Optio
     }
 }
 
+/// A cluster member's shard count when none is given: one Raft group per member of a
+/// 3-node cluster. Every entry costs each member a WAL append, a share of an fsync and the
+/// replication messages whatever it carries, so few groups with full entries beat many with
+/// thin ones when members have few cores: on 2 shared cores, 3 groups took half the CPU per
+/// decision of 16 and reached Redis at `-P 16` (docs/benchmarks.md). A single node keeps 16:
+/// its shards are actors only, with no per-entry cost.
+pub const CLUSTER_SHARDS: u32 = 3;
+
 impl Default for NodeConfig {
     fn default() -> Self {
         NodeConfig {
@@ -172,7 +180,8 @@ pub struct NodeOptions {
     /// Policy file [default: ./quorate.toml if present, else the built-in defaults].
     #[arg(long, env = "QUORATE_POLICIES")]
     pub policies: Option<PathBuf>,
-    /// Number of shards [default: 16].
+    /// Number of shards; a cluster member's are its Raft groups, and every member of a
+    /// cluster needs the same count [default: 16 for a single node, 3 for a cluster member].
     #[arg(long, env = "QUORATE_SHARDS")]
     pub shards: Option<u32>,
     /// Most keys held by the node; new keys beyond get their limit's on_unavailable answer
@@ -396,13 +405,17 @@ impl NodeOptions {
         if cluster.is_some() && self.data_dir.is_none() {
             return Err("a cluster member needs `data_dir` (--data-dir): its Raft log and snapshots live there".into());
         }
+        let default_shards = match cluster {
+            Some(_) => CLUSTER_SHARDS,
+            None => d.shards,
+        };
         Ok(NodeConfig {
             cluster,
             http_addr: self.http_addr.unwrap_or(d.http_addr),
             resp_addr: self.resp_addr.unwrap_or(d.resp_addr),
             data_dir: self.data_dir.clone(),
             policies: self.policies.clone(),
-            shards: positive("shards", self.shards.unwrap_or(d.shards) as u64)? as u32,
+            shards: positive("shards", self.shards.unwrap_or(default_shards) as u64)? as u32,
             max_keys: positive("max_keys", self.max_keys.unwrap_or(d.max_keys))?,
             max_key_len: positive(
                 "max_key_len",
@@ -503,6 +516,24 @@ mod tests {
         };
         let c = opts.to_config().unwrap().cluster.unwrap();
         assert_eq!(c.peer_addr.port(), 7100);
+    }
+
+    #[test]
+    fn a_cluster_member_defaults_to_one_shard_per_member_and_a_single_node_to_16() {
+        let member = NodeOptions {
+            id: Some(1),
+            peers: Some("1=127.0.0.1:7101,2=127.0.0.1:7102,3=127.0.0.1:7103".into()),
+            cluster_secret: Some("a-secret-of-16-chars".into()),
+            data_dir: Some("/data".into()),
+            ..Default::default()
+        };
+        assert_eq!(member.clone().to_config().unwrap().shards, CLUSTER_SHARDS);
+        let chosen = NodeOptions {
+            shards: Some(16),
+            ..member
+        };
+        assert_eq!(chosen.to_config().unwrap().shards, 16);
+        assert_eq!(NodeOptions::default().to_config().unwrap().shards, 16);
     }
 
     #[test]

@@ -101,6 +101,21 @@ pub fn check_shard_count(data_dir: &std::path::Path, shards: u32) -> io::Result<
                 ),
             ))
         }
+        Err(e) if e.kind() == io::ErrorKind::NotFound && data_dir.join("wal").exists() => {
+            // A log without the record: written by a quorate before the record existed,
+            // whose count cannot be known here (the default was 16 then).
+            Err(io::Error::new(
+                io::ErrorKind::InvalidData,
+                format!(
+                    "the data directory {} holds a Raft log but no shard count: write the count \
+                     its cluster was created with into {} (`echo 16 > {}` if it was created \
+                     with an older quorate's default), then start with that --shards",
+                    data_dir.display(),
+                    path.display(),
+                    path.display()
+                ),
+            ))
+        }
         Err(e) if e.kind() == io::ErrorKind::NotFound => {
             use std::io::Write;
             std::fs::create_dir_all(data_dir)?;
@@ -295,6 +310,19 @@ mod tests {
         assert_eq!(
             std::fs::read_to_string(data.join(SHARDS_FILE)).unwrap(),
             "16\n"
+        );
+    }
+
+    #[test]
+    fn a_log_without_a_shard_count_is_refused_not_given_the_configured_one() {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::create_dir(dir.path().join("wal")).unwrap();
+        let e = check_shard_count(dir.path(), 3).unwrap_err();
+        assert_eq!(e.kind(), io::ErrorKind::InvalidData);
+        assert!(e.to_string().contains("no shard count"), "{e}");
+        assert!(
+            !dir.path().join(SHARDS_FILE).exists(),
+            "the refusal wrote a count"
         );
     }
 

@@ -85,9 +85,12 @@ fn blocking<T>(f: impl FnOnce() -> T) -> T {
     tokio::task::block_in_place(f)
 }
 
-/// The shard of `key` under limit `limit` (default key prefix "LIMIT:"), of 16.
+/// The members start with the default shard count of a cluster.
+const SHARDS: usize = quorate::config::CLUSTER_SHARDS as usize;
+
+/// The shard of `key` under limit `limit` (default key prefix "LIMIT:").
 fn shard(limit: &str, key: &str) -> u64 {
-    shard_of(&format!("{limit}:{key}"), 16) as u64
+    shard_of(&format!("{limit}:{key}"), SHARDS as u32) as u64
 }
 
 async fn remaining(c: &Client, limit: &str, key: &str) -> u64 {
@@ -123,7 +126,7 @@ async fn every_node_answers_and_the_limit_holds_across_them() {
     }
     // Every node sees the same leader for every shard, and every member leads some.
     let views: Vec<_> = (0..3).map(|i| blocking(|| cluster.leaders(i))).collect();
-    assert_eq!(views[0].len(), 16);
+    assert_eq!(views[0].len(), SHARDS);
     assert!(views[0].iter().all(Option::is_some));
     assert_eq!(views[0], views[1]);
     assert_eq!(views[1], views[2]);
@@ -247,7 +250,7 @@ async fn kill_9_of_a_leader_under_load_forgets_no_acknowledged_admission() {
 async fn kill_9_under_fast_forgets_at_most_the_entries_in_flight() {
     // consistency = "fast": a leader answers before the entry commits, so a crash may
     // forget admissions it answered; at most `--pipeline` (default 1) entries of
-    // `--batch-max` decisions per shard (docs/semantics.md). 48 keys over 16 shards.
+    // `--batch-max` decisions per shard (docs/semantics.md). 48 keys over the shards.
     let batch_max = 16;
     let per_shard = batch_max;
     let results = kill_leader_under_load("fastcount", &["--batch-max", "16"]).await;
@@ -501,12 +504,12 @@ async fn leadership_spreads_back_to_a_returning_node_without_leaderless_gaps() {
     // lead its groups, then resumed. Its groups' new leaders are then younger than their
     // lease (2 x election timeout), and an election called against such a leader is refused
     // and deposes it (openraft 0.9 has no leadership transfer); the rebalancer must wait.
-    let mine: Vec<usize> = (0..16).filter(|g| g % 3 == 0).collect();
+    let mine: Vec<usize> = (0..SHARDS).filter(|g| g % 3 == 0).collect();
     blocking(|| cluster.signal(0, SIGSTOP));
     let paused = Instant::now();
     loop {
         let leaders = blocking(|| cluster.leaders(1));
-        if leaders.len() == 16 && mine.iter().all(|&g| matches!(leaders[g], Some(2 | 3))) {
+        if leaders.len() == SHARDS && mine.iter().all(|&g| matches!(leaders[g], Some(2 | 3))) {
             break;
         }
         assert!(
@@ -533,7 +536,7 @@ async fn leadership_spreads_back_to_a_returning_node_without_leaderless_gaps() {
     while resumed.elapsed() < Duration::from_secs(20) {
         for i in 0..3 {
             let leaders = blocking(|| cluster.leaders(i));
-            assert_eq!(leaders.len(), 16, "member {} has no status", i + 1);
+            assert_eq!(leaders.len(), SHARDS, "member {} has no status", i + 1);
             for (g, l) in leaders.iter().enumerate() {
                 match (l.is_some(), since.get(&(i, g)).copied()) {
                     (true, _) => {
@@ -624,7 +627,7 @@ async fn a_node_added_at_runtime_serves_and_a_removed_node_leaves() {
     assert!(answer.starts_with("HTTP/1.1 200"), "{answer}");
     blocking(|| cluster.wait_ready(Duration::from_secs(30)));
     let all = voters(&cluster, four);
-    assert_eq!(all.len(), 16);
+    assert_eq!(all.len(), SHARDS);
     assert!(all.iter().all(|v| v == &vec![1, 2, 3, 4]), "{all:?}");
     let c4 = client(cluster.members[four].resp);
     assert_eq!(remaining(&c4, "small", "m").await, 30);
@@ -717,7 +720,7 @@ async fn a_lagging_node_catches_up_by_snapshot_and_every_replica_agrees() {
         let d: Vec<_> = (0..3)
             .map(|i| blocking(|| group_field(&cluster, i, "digest")))
             .collect();
-        if d[0].len() == 16 && d[0] == d[1] && d[1] == d[2] {
+        if d[0].len() == SHARDS && d[0] == d[1] && d[1] == d[2] {
             break;
         }
         assert!(
@@ -857,7 +860,7 @@ fn quorate_dev_runs_three_members_that_status_shows_and_stops_them_all() {
             .lines()
             .filter(|l| l.contains("Leader") || l.contains("Follower"))
             .count(),
-        16,
+        SHARDS,
         "{table}"
     );
     // SIGTERM to dev stops all three members, and dev exits cleanly.
