@@ -709,6 +709,40 @@ async fn a_connection_that_keeps_talking_outlives_idle_timeout_and_is_closed_onc
 }
 
 #[tokio::test]
+async fn a_stuck_shard_gets_tryagain_after_the_call_timeout_on_a_long_lived_connection() {
+    // The connection keeps one call timer across its calls (restarted per call, re-armed
+    // lazily): a call must get the full timeout from its own start, however long ago the
+    // timer was made or last fired, and calls before must not be cut short by it.
+    let timeout = Duration::from_millis(200);
+    let node = Node::start(|c| c.shard_timeout = timeout).await;
+    let mut c = node.connect().await;
+    let throttle = cmd("CL.THROTTLE stuck 100 100 60");
+    for _ in 0..6 {
+        // 0.6 s of calls: the timer fires, idle, between them.
+        c.send(throttle.as_bytes()).await;
+        assert!(matches!(c.frame().await, Frame::Array(_)));
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    node.service.stall_shards(Duration::from_millis(800));
+    let sent = std::time::Instant::now();
+    c.send(throttle.as_bytes()).await;
+    let reply = c.frame().await;
+    let waited = sent.elapsed();
+    match &reply {
+        Frame::Error(e) => assert!(e.starts_with("TRYAGAIN") && e.contains("200ms"), "{e}"),
+        other => panic!("a stuck shard answered {other:?}"),
+    }
+    assert!(
+        waited >= Duration::from_millis(180) && waited < Duration::from_millis(700),
+        "answered after {waited:?}, not after the 200 ms call timeout"
+    );
+    // Once the shard is back, the same connection is answered again.
+    tokio::time::sleep(Duration::from_millis(700)).await;
+    c.send(throttle.as_bytes()).await;
+    assert!(matches!(c.frame().await, Frame::Array(_)));
+}
+
+#[tokio::test]
 async fn a_half_sent_request_does_not_keep_a_connection_past_idle_timeout() {
     let node = Node::start(|c| c.idle_timeout = Duration::from_millis(300)).await;
     let mut c = node.connect().await;

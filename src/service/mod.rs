@@ -10,7 +10,7 @@ pub use types::*;
 
 mod resolve;
 
-use crate::clock::SharedClock;
+use crate::clock::{LazyTimer, SharedClock};
 use crate::config::NodeConfig;
 use crate::limiter::Outcome;
 use crate::metrics::Metrics;
@@ -252,7 +252,32 @@ impl Service {
     /// see the reservation and be denied (docs/semantics.md).
     pub async fn check_many(
         &self,
+        reqs: Vec<CheckRequest>,
+    ) -> Vec<Result<CheckResponse, CheckError>> {
+        self.check_many_with(reqs, None).await
+    }
+
+    /// A timer that bounds each of one caller's successive calls (a connection's) by the call
+    /// timeout, for [`Service::check_many_timed`]: cheaper than a timer per call.
+    pub fn call_timer(&self) -> LazyTimer {
+        LazyTimer::new(self.inner.clock.clone(), self.inner.call_timeout)
+    }
+
+    /// [`Service::check_many`], with a call of one check of one item (an unpipelined
+    /// request, the commonest call) bounded by `timer` (from [`Service::call_timer`],
+    /// restarted here) instead of a timer of its own. Larger calls keep theirs.
+    pub async fn check_many_timed(
+        &self,
+        reqs: Vec<CheckRequest>,
+        timer: &mut LazyTimer,
+    ) -> Vec<Result<CheckResponse, CheckError>> {
+        self.check_many_with(reqs, Some(timer)).await
+    }
+
+    async fn check_many_with(
+        &self,
         mut reqs: Vec<CheckRequest>,
+        timer: Option<&mut LazyTimer>,
     ) -> Vec<Result<CheckResponse, CheckError>> {
         let started = self.inner.clock.monotonic();
         let policies = self.policies();
@@ -262,7 +287,7 @@ impl Service {
             // all-or-nothing bookkeeping and no refund, so it skips their allocations.
             let answer = match resolve::request(req, &policies, config) {
                 Ok(items) if items.len() == 1 => {
-                    self.check_one_item(items, req.request_id.as_deref(), started)
+                    self.check_one_item(items, req.request_id.as_deref(), started, timer)
                         .await
                 }
                 Ok(items) => {
@@ -289,21 +314,25 @@ impl Service {
         mut items: Vec<Resolved>,
         request_id: Option<&str>,
         started: crate::limiter::Nanos,
+        timer: Option<&mut LazyTimer>,
     ) -> Result<CheckResponse, CheckError> {
         let item = &mut items[0];
         let shard = shard_of(&item.storage_key, self.inner.shards.count());
         let fast = item.fast;
         let command = item.command(request_id, 0, true);
         let timeout = self.inner.call_timeout;
-        let applied = match tokio::time::timeout(
-            timeout,
-            self.inner.shards.apply(shard, vec![command], fast),
-        )
-        .await
-        {
-            Ok(Ok(mut applied)) => applied.pop(),
-            Ok(Err(e)) => return Err(CheckError::Unavailable(e.to_string())),
-            Err(_) => return Err(CheckError::Unavailable(no_answer_within(timeout))),
+        let call = self.inner.shards.apply(shard, vec![command], fast);
+        let answer = match timer {
+            Some(timer) => {
+                timer.restart_at(started);
+                timer.bound(call).await
+            }
+            None => tokio::time::timeout(timeout, call).await.ok(),
+        };
+        let applied = match answer {
+            Some(Ok(mut applied)) => applied.pop(),
+            Some(Err(e)) => return Err(CheckError::Unavailable(e.to_string())),
+            None => return Err(CheckError::Unavailable(no_answer_within(timeout))),
         };
         let mut counted = DecisionTally::default();
         let response = self.respond(&mut items, &[applied], started, &mut counted);
@@ -677,6 +706,14 @@ impl Service {
     pub fn crash_shard(&self, shard: u32) {
         if let Backend::Local(s) = &self.inner.shards {
             s.crash(shard)
+        }
+    }
+
+    /// Test hook: every shard answers nothing for `d` (a single node's shards only).
+    #[doc(hidden)]
+    pub fn stall_shards(&self, d: std::time::Duration) {
+        if let Backend::Local(s) = &self.inner.shards {
+            s.stall(d)
         }
     }
 

@@ -47,6 +47,9 @@ pub enum ShardMsg {
     /// Test hook: panic inside the handler, to exercise supervision.
     #[doc(hidden)]
     Crash,
+    /// Test hook: the actor answers nothing for this long (a stuck shard).
+    #[doc(hidden)]
+    Stall(std::time::Duration),
 }
 
 /// Everything about one shard that outlives its actor.
@@ -155,6 +158,7 @@ impl Actor for ShardActor {
                 }
             }
             ShardMsg::Crash => panic!("shard {} crashed on purpose (test hook)", run.slot.id),
+            ShardMsg::Stall(d) => tokio::time::sleep(d).await,
         }
         Ok(())
     }
@@ -397,6 +401,21 @@ impl Shards {
             .as_ref()
         {
             let _ = a.cast(ShardMsg::Crash);
+        }
+    }
+
+    /// Test hook: every shard's actor answers nothing for `d`.
+    #[doc(hidden)]
+    pub fn stall(&self, d: std::time::Duration) {
+        for slot in self.slots.iter() {
+            if let Some(a) = slot
+                .actor
+                .read()
+                .unwrap_or_else(|p| p.into_inner())
+                .as_ref()
+            {
+                let _ = a.cast(ShardMsg::Stall(d));
+            }
         }
     }
 

@@ -9,17 +9,13 @@
 
 use super::exec;
 use super::frame::{parse_request, Limits, ProtocolError};
-use crate::clock::SharedClock;
-use crate::limiter::Nanos;
+use crate::clock::LazyTimer;
 use crate::net::Stream;
 use crate::service::Service;
 use bytes::{Bytes, BytesMut};
 use std::net::SocketAddr;
-use std::pin::Pin;
-use std::time::Duration;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::sync::broadcast;
-use tokio::time::Sleep;
 
 /// Most requests answered as one batch (one `check_many` call, one write).
 pub const MAX_BATCH: usize = 1024;
@@ -60,7 +56,9 @@ pub async fn handle<S: Stream>(
     let config = service.config();
     let limits = Limits::from_max_frame_bytes(config.max_frame_bytes);
     let cap = limits.max_frame.saturating_add(READ_CHUNK);
-    let mut idle = IdleTimer::new(&service, config.idle_timeout);
+    // One idle timer and one call timer for the connection's life (see `LazyTimer`).
+    let mut idle = LazyTimer::new(service.clock().clone(), config.idle_timeout);
+    let mut calls = service.call_timer();
     let latency = service
         .metrics()
         .decision_latency
@@ -74,7 +72,7 @@ pub async fn handle<S: Stream>(
         }
         let (requests, error) = take_batch(&mut buf, &limits);
         if !requests.is_empty() || error.is_some() {
-            let out = exec::run(&service, requests, error, peer, &latency).await;
+            let out = exec::run(&service, requests, error, peer, &latency, &mut calls).await;
             let sent = idle
                 .bound(async {
                     stream.write_all(&out.bytes).await?;
@@ -85,7 +83,7 @@ pub async fn handle<S: Stream>(
                 tracing::debug!(api = "resp", %peer, "closing: the client is not reading its replies");
                 return;
             }
-            idle.touch();
+            idle.restart();
             if out.close {
                 let _ = idle.bound(stream.shutdown()).await;
                 return;
@@ -99,7 +97,7 @@ pub async fn handle<S: Stream>(
             let e = ProtocolError::FrameTooLarge {
                 max: limits.max_frame,
             };
-            let out = exec::run(&service, Vec::new(), Some(e), peer, &latency).await;
+            let out = exec::run(&service, Vec::new(), Some(e), peer, &latency, &mut calls).await;
             let _ = idle.bound(stream.write_all(&out.bytes)).await;
             return;
         }
@@ -111,70 +109,14 @@ pub async fn handle<S: Stream>(
         };
         match read {
             Some(Ok(0)) => return,
-            Some(Ok(_)) => idle.touch(),
+            Some(Ok(_)) => idle.restart(),
             Some(Err(e)) => {
                 tracing::debug!(api = "resp", %peer, "closing: read failed: {e}");
                 return;
             }
             None => {
-                tracing::debug!(api = "resp", %peer, "closing: idle for {:?}", idle.limit);
+                tracing::debug!(api = "resp", %peer, "closing: idle for {:?}", idle.limit());
                 return;
-            }
-        }
-    }
-}
-
-/// The connection's one idle timer, re-armed lazily.
-///
-/// A timer per read and per write (`tokio::time::timeout`) registers and cancels a timer
-/// entry for every request of an unpipelined client: about a tenth of the instructions of a
-/// `-P 1` request. Here the connection keeps one [`Sleep`], and each read or write that
-/// makes progress only notes the time ([`IdleTimer::touch`], one clock read). When the
-/// sleep fires, it checks that note: if the connection made progress within the limit, the
-/// sleep is moved to `limit` after that progress and the wait goes on; if not, the wait
-/// ends. So a connection is closed after exactly `limit` without progress, and its timer
-/// is re-armed at most once per `limit`, not once per request.
-struct IdleTimer {
-    limit: Duration,
-    clock: SharedClock,
-    /// Monotonic time of the last progress.
-    last: Nanos,
-    sleep: Pin<Box<Sleep>>,
-}
-
-impl IdleTimer {
-    fn new(service: &Service, limit: Duration) -> Self {
-        let clock = service.clock().clone();
-        IdleTimer {
-            limit,
-            last: clock.monotonic(),
-            clock,
-            sleep: Box::pin(tokio::time::sleep(limit)),
-        }
-    }
-
-    /// The connection made progress now.
-    fn touch(&mut self) {
-        self.last = self.clock.monotonic();
-    }
-
-    /// Runs `fut` until it finishes (`Some`) or the connection has made no progress for
-    /// `limit` (`None`).
-    async fn bound<F: std::future::Future>(&mut self, fut: F) -> Option<F::Output> {
-        let mut fut = std::pin::pin!(fut);
-        loop {
-            tokio::select! {
-                biased;
-                out = &mut fut => return Some(out),
-                _ = &mut self.sleep => {
-                    let quiet = self.clock.monotonic().saturating_sub(self.last);
-                    let limit = u64::try_from(self.limit.as_nanos()).unwrap_or(u64::MAX);
-                    if quiet >= limit {
-                        return None;
-                    }
-                    let at = self.sleep.deadline() + Duration::from_nanos(limit - quiet);
-                    self.sleep.as_mut().reset(at);
-                }
             }
         }
     }

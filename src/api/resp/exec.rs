@@ -10,6 +10,7 @@
 use super::command::{self, CheckReply, Command};
 use super::frame::{Frame, ProtocolError};
 use super::{encode, info, reply};
+use crate::clock::LazyTimer;
 use crate::service::{CheckRequest, Service};
 use bytes::{Bytes, BytesMut};
 use std::net::SocketAddr;
@@ -34,6 +35,7 @@ pub async fn run(
     error: Option<ProtocolError>,
     peer: SocketAddr,
     latency: &prometheus::Histogram,
+    calls: &mut LazyTimer,
 ) -> BatchOutput {
     let started = service.clock().monotonic();
     let mut slots = Vec::with_capacity(requests.len() + 1);
@@ -67,7 +69,7 @@ pub async fn run(
     let mut answers = if checks.is_empty() {
         Vec::new()
     } else {
-        service.check_many(checks).await
+        service.check_many_timed(checks, calls).await
     }
     .into_iter();
     if n_checks > 0 {
