@@ -1,5 +1,7 @@
 """Turns scripts/bench-node's raw results into the "One node" section of docs/benchmarks.md
-(between the bench-node markers): medians over the A B A B rounds, ratios quorate / Redis."""
+(between the bench-node markers): medians over the A B A B ... rounds, ratios quorate / Redis,
+and the range of the per-round ratios (each round's Redis and quorate runs are adjacent in
+time, so a round's ratio is less exposed to the machine's drift than either figure)."""
 import csv, datetime, os, re, statistics, subprocess, sys
 
 out_dir, doc = sys.argv[1], sys.argv[2]
@@ -13,6 +15,13 @@ with open(os.path.join(out_dir, "results.csv")) as f:
 def med(name, pipe, keys, i):
     return statistics.median(v[i] for v in rows[(name, pipe, keys)])
 
+def round_ratios(pipe, keys):
+    r, q = rows[("redis", pipe, keys)], rows[("quorate", pipe, keys)]
+    return [b[0] / a[0] for a, b in zip(r, q)]
+
+rounds_file = os.path.join(out_dir, "rounds.txt")
+rounds = open(rounds_file).read().strip() if os.path.exists(rounds_file) else "2"
+
 def sh(cmd):
     return subprocess.run(cmd, shell=True, capture_output=True, text=True).stdout.strip()
 
@@ -22,17 +31,20 @@ lines.append(f"Measured {datetime.date.today().isoformat()} by `scripts/bench-no
              f"{sh('redis-server --version').split(' sha=')[0]}, persistence off, with a GCRA Lua script "
              "(`bench/gcra.lua`, redis-cell's answers) called by EVALSHA; one quorate node (default "
              "policies) answering `CL.THROTTLE`. The same `redis-benchmark -c 50 -n N -r KEYS [-P 16]` "
-             "drives both, alternating Redis and quorate twice (A B A B); medians. Both servers are "
+             f"drives both, alternating Redis and quorate, {rounds} rounds (A B A B ...); medians, and the "
+             "range of the rounds' own ratios. Both servers are "
              "pinned to CPU 0 and redis-benchmark to CPU 1 (`taskset`), so each server has one core.")
 lines.append("")
-lines.append("| workload | pipeline | Redis+Lua req/s | quorate req/s | quorate / Redis | Redis p50 / p99 ms | quorate p50 / p99 ms |")
-lines.append("|---|---:|---:|---:|---:|---:|---:|")
+lines.append("| workload | pipeline | Redis+Lua req/s | quorate req/s | quorate / Redis | per-round ratios | Redis p50 / p99 ms | quorate p50 / p99 ms |")
+lines.append("|---|---:|---:|---:|---:|---:|---:|---:|")
 for keys, label in [(10000, "10k random keys (mostly admitted)"), (10, "10 hot keys (mostly denied)")]:
     for pipe in (1, 16):
         if ("redis", pipe, keys) not in rows or ("quorate", pipe, keys) not in rows:
             continue
         r, q = med("redis", pipe, keys, 0), med("quorate", pipe, keys, 0)
+        each = round_ratios(pipe, keys)
         lines.append(f"| {label} | {pipe} | {r:,.0f} | {q:,.0f} | **{q / r:.2f}x** | "
+                     f"{min(each):.2f}-{max(each):.2f}x | "
                      f"{med('redis', pipe, keys, 1):.3f} / {med('redis', pipe, keys, 2):.3f} | "
                      f"{med('quorate', pipe, keys, 1):.3f} / {med('quorate', pipe, keys, 2):.3f} |")
 lines.append("")
