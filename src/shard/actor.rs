@@ -69,6 +69,13 @@ struct Slot {
     depth_gauge: prometheus::IntGauge,
 }
 
+impl Slot {
+    /// The shard's current actor, if one is running.
+    fn actor(&self) -> Option<ActorRef<ShardMsg>> {
+        self.actor.read().unwrap_or_else(|p| p.into_inner()).clone()
+    }
+}
+
 fn lock(state: &Mutex<ShardState>) -> MutexGuard<'_, ShardState> {
     // A panic while applying leaves the state as far as it got; keep serving it rather than
     // forgetting it (forgetting would grant fresh allowances).
@@ -221,13 +228,10 @@ impl Actor for Supervisor {
         if sup.stopping.load(Ordering::SeqCst) {
             return Ok(());
         }
-        let failed = sup.slots.iter().find(|s| {
-            s.actor
-                .read()
-                .unwrap_or_else(|p| p.into_inner())
-                .as_ref()
-                .is_some_and(|a| a.get_id() == cell.get_id())
-        });
+        let failed = sup
+            .slots
+            .iter()
+            .find(|s| s.actor().is_some_and(|a| a.get_id() == cell.get_id()));
         if let Some(slot) = failed.cloned() {
             tracing::error!(shard = slot.id, reason = %why, "shard actor failed; restarting it on its state");
             sup.metrics.shard_restarts.inc();
@@ -238,12 +242,7 @@ impl Actor for Supervisor {
             // `stop` saw the new actor and stops it, or this check sees the flag.
             // (tests/loom_shutdown.rs models this.)
             if sup.stopping.load(Ordering::SeqCst) {
-                if let Some(a) = slot
-                    .actor
-                    .read()
-                    .unwrap_or_else(|p| p.into_inner())
-                    .as_ref()
-                {
+                if let Some(a) = slot.actor() {
                     a.stop(None);
                 }
             }
@@ -338,12 +337,7 @@ impl Shards {
         };
         let depth = (QUEUE_BOUND - slot.permits.available_permits()) as i64;
         slot.depth_gauge.set(depth);
-        let actor = slot
-            .actor
-            .read()
-            .unwrap_or_else(|p| p.into_inner())
-            .clone()
-            .ok_or(ShardError::Restarting(slot.id))?;
+        let actor = slot.actor().ok_or(ShardError::Restarting(slot.id))?;
         let n = commands.len();
         let (reply, answer) = oneshot::channel();
         if slot.lane.push(Pending { commands, reply }) && actor.cast(ShardMsg::Drain).is_err() {
@@ -353,7 +347,7 @@ impl Shards {
             let mut woken = false;
             for _ in 0..50 {
                 tokio::time::sleep(std::time::Duration::from_millis(2)).await;
-                let current = slot.actor.read().unwrap_or_else(|p| p.into_inner()).clone();
+                let current = slot.actor();
                 if let Some(a) = current {
                     if a.get_id() != actor.get_id() && a.cast(ShardMsg::Drain).is_ok() {
                         woken = true;
@@ -394,12 +388,7 @@ impl Shards {
     #[doc(hidden)]
     pub fn crash(&self, shard: u32) {
         let slot = &self.slots[shard as usize % self.slots.len()];
-        if let Some(a) = slot
-            .actor
-            .read()
-            .unwrap_or_else(|p| p.into_inner())
-            .as_ref()
-        {
+        if let Some(a) = slot.actor() {
             let _ = a.cast(ShardMsg::Crash);
         }
     }
@@ -408,12 +397,7 @@ impl Shards {
     #[doc(hidden)]
     pub fn stall(&self, d: std::time::Duration) {
         for slot in self.slots.iter() {
-            if let Some(a) = slot
-                .actor
-                .read()
-                .unwrap_or_else(|p| p.into_inner())
-                .as_ref()
-            {
+            if let Some(a) = slot.actor() {
                 let _ = a.cast(ShardMsg::Stall(d));
             }
         }
@@ -425,12 +409,7 @@ impl Shards {
     pub async fn stop(&self) {
         self.stopping.store(true, Ordering::SeqCst);
         for slot in self.slots.iter() {
-            if let Some(a) = slot
-                .actor
-                .read()
-                .unwrap_or_else(|p| p.into_inner())
-                .as_ref()
-            {
+            if let Some(a) = slot.actor() {
                 a.stop(None);
             }
         }
