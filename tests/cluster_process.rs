@@ -10,7 +10,7 @@
 mod cluster_support;
 
 use cluster_support::{http_within, Cluster, SIGCONT, SIGSTOP};
-use quorate::client::{Client, ClientConfig};
+use quorate::client::{Client, ClientConfig, Wait};
 use quorate::shard::route::shard_of;
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -488,6 +488,54 @@ async fn a_strict_leader_cut_off_from_its_followers_acknowledges_nothing() {
         admitted, 0,
         "{admitted} strict admissions acknowledged while no majority could store them"
     );
+}
+
+fn proposed(cluster: &Cluster) -> u64 {
+    (0..3)
+        .flat_map(|i| group_field(cluster, i, "entries_proposed"))
+        .filter_map(|v| v.as_u64())
+        .sum()
+}
+
+/// A denial changes no state, so a strict leader answers it without a log entry: a flood of
+/// denied checks on one hot key reaches neither the log nor the followers, and each still
+/// gets the denial the log would have given.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_flood_of_denied_strict_checks_adds_nothing_to_the_log() {
+    let extra = ["--eviction-interval", "1h"];
+    let cluster = blocking(move || Cluster::start(3, &policies(), &extra));
+    let clients: Vec<Client> = cluster.members.iter().map(|m| client(m.resp)).collect();
+    let mut admitted = 0;
+    for i in 0..40 {
+        let a = clients[i % 3].check(&[("small", "hot", 1)], None).await;
+        admitted += a.unwrap().allowed as u64;
+    }
+    assert_eq!(admitted, 40, "the limit is 40 per hour");
+    let before = blocking(|| proposed(&cluster));
+    for i in 0..150 {
+        let a = clients[i % 3]
+            .check(&[("small", "hot", 1)], None)
+            .await
+            .unwrap();
+        assert!(!a.allowed, "check {i} past the limit was admitted");
+        let item = &a.items[0];
+        assert_eq!((item.capacity, item.remaining), (40, 0));
+        match item.retry_after {
+            Wait::After(d) => assert!(d > Duration::from_secs(3000), "retry after {d:?}"),
+            other => panic!("check {i}: retry_after {other:?}"),
+        }
+    }
+    let added = blocking(|| proposed(&cluster)) - before;
+    assert!(added < 10, "150 denied checks added {added} log entries");
+    // Admissions still go through the log: a fresh key is admitted and proposed.
+    assert!(
+        clients[0]
+            .check(&[("small", "cold", 1)], None)
+            .await
+            .unwrap()
+            .allowed
+    );
+    assert!(blocking(|| proposed(&cluster)) > before + added);
 }
 
 /// Leadership spreads back to the members (each takes the shards it prefers) without leaving

@@ -27,7 +27,7 @@ use super::rpc::{
 use super::state_machine::{MachineInfo, ShardMachine};
 use super::types::{Applies, GroupId, NodeId, TypeConfig};
 use crate::clock::{ShardTime, SharedClock};
-use crate::limiter::{Decision, Outcome, SECOND};
+use crate::limiter::{Decision, Nanos, Outcome, SECOND};
 use crate::metrics::Metrics;
 use crate::policy::OnUnavailable;
 use crate::shard::actor::ShardError;
@@ -878,6 +878,26 @@ async fn propose_loop(cluster: Arc<Cluster>, group: Arc<Group>) {
             let m = m.borrow();
             (m.current_term, m.state == ServerState::Leader)
         };
+        if !is_leader {
+            spec = None;
+            for p in pending {
+                answer(
+                    p.reply,
+                    Err(Proposal::NotSubmitted("not the leader".into())),
+                );
+            }
+            continue;
+        }
+        // A new term: continue the shard time from what this node has applied.
+        if time.as_ref().is_none_or(|(t, _)| *t != term) {
+            let base = group.info.time.load(Ordering::Relaxed);
+            time = Some((term, ShardTime::new(cluster.clock.clone(), base)));
+        }
+        let now = time.as_mut().map_or(0, |(_, t)| t.now());
+        let pending = deny_at_once(&group.info_state, pending, now);
+        if pending.is_empty() {
+            continue;
+        }
         let submitted_at = cluster.clock.monotonic();
         let lease_from = group.lease_from.load(Ordering::SeqCst);
         let lease =
@@ -888,17 +908,6 @@ async fn propose_loop(cluster: Arc<Cluster>, group: Arc<Group>) {
             replies.add(p.commands.len(), p.fast || unsafe_early, p.reply);
             commands.extend(p.commands);
         }
-        if !is_leader {
-            spec = None;
-            replies.complete(Err(Proposal::NotSubmitted("not the leader".into())), answer);
-            continue;
-        }
-        // A new term: continue the shard time from what this node has applied.
-        if time.as_ref().is_none_or(|(t, _)| *t != term) {
-            let base = group.info.time.load(Ordering::Relaxed);
-            time = Some((term, ShardTime::new(cluster.clock.clone(), base)));
-        }
-        let now = time.as_mut().map_or(0, |(_, t)| t.now());
         let any_fast = replies.any_early();
         // The speculative state is (re)built only with nothing else in flight, after the
         // state machine has applied everything committed before this term's entries: then
@@ -956,6 +965,26 @@ async fn propose_loop(cluster: Arc<Cluster>, group: Arc<Group>) {
             spec = None;
         }
     }
+}
+
+/// A denial changes no state, so it needs no log entry (strict or fast): each caller whose
+/// every command is a check the COMMITTED state denies at `now` is answered at once, and the
+/// others are returned to be proposed. The log's answer could only be a denial too: the
+/// entries still in flight only consume more, at times up to `now` (the one exception, an
+/// in-flight refund, can only make this a denial the log would not have given; never an
+/// admission). A leader that has not applied everything yet, or was deposed, denies on less
+/// consumption than the truth, so its denials are ones the truth gives as well. Under a flood
+/// of denied requests on a hot key, nothing reaches the log, the followers or the disk.
+fn deny_at_once(state: &Mutex<ShardState>, pending: Vec<Pending>, now: Nanos) -> Vec<Pending> {
+    let state = lock(state);
+    let mut rest = Vec::with_capacity(pending.len());
+    for p in pending {
+        match state.denials(&p.commands, now) {
+            Some(denied) => answer(p.reply, Ok(denied)),
+            None => rest.push(p),
+        }
+    }
+    rest
 }
 
 /// Answers one proposer caller. A caller that timed out is gone; its answer is dropped.

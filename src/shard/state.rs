@@ -118,6 +118,37 @@ impl ShardState {
             .collect()
     }
 
+    /// What applying `commands` at `now` would answer, if every one is a check without a
+    /// request id that this state denies (or can never admit); `None` otherwise. Read only:
+    /// a denial changes no state (the cluster answers such checks without a log entry).
+    pub fn denials(&self, commands: &[Command], now: Nanos) -> Option<Vec<Applied>> {
+        let now = self.time.max(now);
+        let deny = |command: &Command| {
+            let Command::Check {
+                key,
+                limit,
+                cost,
+                request_id: None,
+                ..
+            } = command
+            else {
+                return None;
+            };
+            let mut state = match self.keys.get(key) {
+                Some(e) => e.state.clone(),
+                None => limit.new_state(),
+            };
+            let decision = limit.decide(&mut state, now, *cost);
+            (decision.outcome != Outcome::Allowed).then_some(Applied::Decided {
+                decision,
+                replayed: false,
+                fallback: false,
+                at: now,
+            })
+        };
+        commands.iter().map(deny).collect()
+    }
+
     fn apply_one(&mut self, command: &Command, now: Nanos) -> Applied {
         match command {
             Command::Check {
@@ -320,6 +351,41 @@ mod tests {
 
     fn tb() -> Limit {
         Limit::new(Algorithm::TokenBucket, 1, SECOND, 2).unwrap()
+    }
+
+    #[test]
+    fn denials_are_what_applying_would_answer_and_change_nothing() {
+        let mut s = ShardState::new(bounds(10));
+        let exhaust = Batch {
+            time: 0,
+            commands: vec![check("k", &tb(), 2, None)],
+        };
+        assert_eq!(decided(&s.apply(&exhaust)[0]).outcome, Outcome::Allowed);
+        let digest = s.digest();
+        // Denied now, and a cost the limit can never grant: both answered, as apply would.
+        let denied = vec![check("k", &tb(), 1, None), check("new", &tb(), 3, None)];
+        let early = s.denials(&denied, 0).expect("both are denials");
+        assert_eq!(s.digest(), digest, "a denial must not change the state");
+        assert_eq!(s.len(), 1);
+        let applied = s.clone().apply(&Batch {
+            time: 0,
+            commands: denied,
+        });
+        assert_eq!(early, applied);
+        assert_eq!(decided(&early[1]).outcome, Outcome::Never);
+        // Not answered early: one admission in the lot, a request id, a refund; or a time
+        // at which the bucket has refilled.
+        let mixed = vec![check("k", &tb(), 1, None), check("other", &tb(), 1, None)];
+        assert_eq!(s.denials(&mixed, 0), None);
+        assert_eq!(s.denials(&[check("k", &tb(), 1, Some("r"))], 0), None);
+        let refund = Command::Refund {
+            key: "k".into(),
+            limit: tb(),
+            cost: 1,
+            admitted_at: 0,
+        };
+        assert_eq!(s.denials(&[refund], 0), None);
+        assert_eq!(s.denials(&[check("k", &tb(), 1, None)], SECOND), None);
     }
 
     #[test]
