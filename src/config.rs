@@ -70,6 +70,8 @@ pub struct ClusterSettings {
     pub snapshot_every: u64,
     /// Most entries a shard's leader has proposed and not yet seen committed.
     pub pipeline: usize,
+    /// Most leaders' denials this node keeps and gives again without forwarding (0: none).
+    pub denial_cache: usize,
     /// Joining an existing cluster: do not bootstrap the groups; wait to be added through
     /// the admin API of a member.
     pub join: bool,
@@ -252,6 +254,11 @@ pub struct NodeOptions {
     /// are, new checks wait and join the next entry [default: 1].
     #[arg(long, env = "QUORATE_PIPELINE")]
     pub pipeline: Option<usize>,
+    /// Denials from other nodes' leaders this node keeps, to deny the same check again
+    /// itself until four fifths of its retry-after have passed; 0 turns it off
+    /// [default: 100000].
+    #[arg(long, env = "QUORATE_DENIAL_CACHE")]
+    pub denial_cache: Option<usize>,
     /// Log entries between a shard's snapshots [default: 20000].
     #[arg(long, env = "QUORATE_SNAPSHOT_EVERY")]
     pub snapshot_every: Option<u64>,
@@ -305,6 +312,7 @@ impl NodeOptions {
             join: self.join.or(fallback.join),
             snapshot_every: self.snapshot_every.or(fallback.snapshot_every),
             pipeline: self.pipeline.or(fallback.pipeline),
+            denial_cache: self.denial_cache.or(fallback.denial_cache),
         }
     }
 
@@ -369,6 +377,7 @@ impl NodeOptions {
             batch_max: self.batch_max.unwrap_or(1024).max(1),
             join: self.join.unwrap_or(false),
             pipeline: self.pipeline.unwrap_or(1).max(1),
+            denial_cache: self.denial_cache.unwrap_or(100_000),
             snapshot_every: match self.snapshot_every.unwrap_or(20_000) {
                 0 => return Err("`snapshot_every` must be at least 1".into()),
                 n => n,

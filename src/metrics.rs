@@ -34,6 +34,9 @@ pub struct Metrics {
     /// Checks answered by `on_unavailable` because their shard had no leader or quorum, by
     /// answer (`deny`, `allow`, `local`).
     pub unavailable: IntCounterVec,
+    /// Checks a cluster member denied from the denials it learned from other nodes'
+    /// leaders, without forwarding them.
+    pub denials_cached: IntCounter,
     /// Cluster members only (refreshed every second):
     /// WAL submissions made durable, and the fsyncs that covered them.
     pub wal_appends: IntGauge,
@@ -138,6 +141,10 @@ impl Metrics {
                 "quorate_unavailable_answers_total",
                 "Checks answered by on_unavailable (no leader or no quorum), by answer",
                 &["answer"],
+            ),
+            denials_cached: counter(
+                "quorate_denials_cached_total",
+                "Checks denied from denials learned from other nodes' leaders, not forwarded",
             ),
             wal_appends: gauge(
                 "quorate_wal_appends",

@@ -61,6 +61,12 @@ limit = 30
 period = "1h"
 on_unavailable = "local"
 
+[limits.brief]
+algorithm = "gcra"
+limit = 1
+period = "1s"
+burst = 1
+
 [limits.log]
 algorithm = "sliding_log"
 limit = 10
@@ -490,6 +496,15 @@ async fn a_strict_leader_cut_off_from_its_followers_acknowledges_nothing() {
     );
 }
 
+/// A counter from member `i`'s `/metrics`.
+fn metric(cluster: &Cluster, i: usize, name: &str) -> u64 {
+    let answer = cluster_support::http(cluster.members[i].http, "GET", "/metrics", "");
+    answer
+        .lines()
+        .find_map(|l| l.strip_prefix(name)?.trim().parse::<f64>().ok())
+        .unwrap_or(0.0) as u64
+}
+
 fn proposed(cluster: &Cluster) -> u64 {
     (0..3)
         .flat_map(|i| group_field(cluster, i, "entries_proposed"))
@@ -527,6 +542,14 @@ async fn a_flood_of_denied_strict_checks_adds_nothing_to_the_log() {
     }
     let added = blocking(|| proposed(&cluster)) - before;
     assert!(added < 10, "150 denied checks added {added} log entries");
+    // The two members that do not lead the key's shard learned the denial from its leader
+    // and gave it again themselves (100 of their 100 checks, minus the first of each).
+    let leader = blocking(|| cluster.leader_of(0, shard("small", "hot"))).unwrap();
+    let cached: u64 = (0..3)
+        .filter(|&i| i + 1 != leader as usize)
+        .map(|i| metric(&cluster, i, "quorate_denials_cached_total"))
+        .sum();
+    assert!(cached >= 90, "{cached} denials given from the cache");
     // Admissions still go through the log: a fresh key is admitted and proposed.
     assert!(
         clients[0]
@@ -538,7 +561,39 @@ async fn a_flood_of_denied_strict_checks_adds_nothing_to_the_log() {
     assert!(blocking(|| proposed(&cluster)) > before + added);
 }
 
-/// Leadership spreads back to the members (each takes the shards it prefers) without leaving
+/// A member gives a leader's denial again only while the leader would still deny: once the
+/// retry-after has passed, the same check through the same member is admitted again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cached_denial_ends_before_the_leader_would_admit_again() {
+    let cluster = blocking(|| Cluster::start(3, &policies(), &[]));
+    let key = "blink";
+    let leader = loop {
+        if let Some(l) = blocking(|| cluster.leader_of(0, shard("brief", key))) {
+            break l as usize;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    let i = (0..3).find(|&i| i + 1 != leader).unwrap();
+    let c = client(cluster.members[i].resp);
+    for round in 0..3 {
+        // One per second: the first check admitted, the rest denied (most from the cache).
+        let started = Instant::now();
+        let mut admitted = 0;
+        for _ in 0..20 {
+            admitted += c.check(&[("brief", key, 1)], None).await.unwrap().allowed as u64;
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(1),
+            "too slow to count"
+        );
+        assert_eq!(admitted, 1, "round {round}: one admission per second");
+        // A second later the leader admits again: so must this member.
+        tokio::time::sleep(Duration::from_millis(1100)).await;
+    }
+    assert!(metric(&cluster, i, "quorate_denials_cached_total") > 0);
+}
+
+/// Leadership spreads back to the members/// Leadership spreads back to the members (each takes the shards it prefers) without leaving
 /// a shard leaderless, also with a long election timeout: a preferred member's election that
 /// its voters refuse (they still hear from the leader) deposes the leader for an election
 /// timeout, which made `/readyz` flap on every member every few seconds.

@@ -209,6 +209,7 @@ pub fn handles(
                 write_timeout: Duration::from_secs(1),
                 batch_max: 1024,
                 pipeline: 1,
+                denial_cache: 100_000,
                 snapshot_every: 20_000,
                 join: false,
                 hooks,

@@ -20,6 +20,7 @@
 //! leader continues the log's time and its wall clock is never read. Apply takes
 //! `max(batch time, state time)`, so an old batch stamped lower cannot turn time back.
 
+use super::denials::DenialCache;
 use super::replies::{ProposerLane, Replies};
 use super::rpc::{
     ask, CallError, ForwardError, MemberChange, PeerRequest, PeerResponse, Transport,
@@ -59,6 +60,8 @@ pub struct ClusterConfig {
     pub write_timeout: Duration,
     /// Longest wait for a forwarded batch's answer.
     pub forward_timeout: Duration,
+    /// Most leaders' denials kept to answer again without forwarding (`super::denials`).
+    pub denial_cache: usize,
     /// Longest wait for a shard to have a leader before `on_unavailable` answers.
     pub unavailable_after: Duration,
     /// Most commands in one log entry.
@@ -85,6 +88,7 @@ impl ClusterConfig {
             election_max: Duration::from_millis(800),
             write_timeout: Duration::from_secs(2),
             forward_timeout: Duration::from_secs(2),
+            denial_cache: 100_000,
             unavailable_after: Duration::from_millis(500),
             batch_max: 4096,
             pipeline: 4,
@@ -199,6 +203,8 @@ pub struct Cluster {
     metrics: Metrics,
     bounds: Bounds,
     fallbacks: AtomicU64,
+    /// Denials learned from other nodes' leaders.
+    denials: DenialCache,
 }
 
 impl Cluster {
@@ -280,6 +286,7 @@ impl Cluster {
                 lease_from: Arc::default(),
             }));
         }
+        let denials = DenialCache::new(config.denial_cache);
         let cluster = Arc::new(Cluster {
             config,
             groups,
@@ -288,6 +295,7 @@ impl Cluster {
             metrics,
             bounds,
             fallbacks: AtomicU64::new(0),
+            denials,
         });
         for g in &cluster.groups {
             tokio::spawn(propose_loop(cluster.clone(), g.clone()));
@@ -496,6 +504,14 @@ impl Cluster {
     ) -> Result<Vec<Applied>, ShardError> {
         let group = self.group(shard).clone();
         let me = self.config.node_id;
+        // A denial this node learned from another node's leader, still in force, is given
+        // again without asking (a leader uses its committed state instead, in its proposer).
+        if self.leader(&group) != Some(me) {
+            if let Some(denied) = self.denials.answer(&commands, self.clock.monotonic()) {
+                self.metrics.denials_cached.inc_by(denied.len() as u64);
+                return Ok(denied);
+            }
+        }
         // One deadline for the whole call: waiting for a leader, proposing or forwarding, and
         // retrying what was certainly not applied. Past it (or on an outcome that may have
         // been applied), `on_unavailable` answers.
@@ -509,7 +525,12 @@ impl Cluster {
                 let result = if id == me {
                     self.propose(&group, commands.clone(), fast).await
                 } else {
-                    self.forward(id, &group, commands.clone(), fast).await
+                    let asked_at = self.clock.monotonic();
+                    let answer = self.forward(id, &group, commands.clone(), fast).await;
+                    if let Ok(applied) = &answer {
+                        self.denials.learn(&commands, applied, asked_at);
+                    }
+                    answer
                 };
                 match result {
                     Ok(applied) => return Some(applied),
@@ -810,6 +831,11 @@ impl Cluster {
                 .set(g.lag.values().copied().max().unwrap_or(0) as i64);
             self.metrics.keys.with_label_values(&l).set(g.keys as i64);
         }
+    }
+
+    /// Forgets the denials learned from other leaders (the policies changed).
+    pub fn policies_changed(&self) {
+        self.denials.clear();
     }
 
     /// Stops every group's Raft node.

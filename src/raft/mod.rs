@@ -9,6 +9,7 @@
 //! - `hooks` — what the simulation observes and the switches of its negative controls.
 
 pub mod cluster;
+pub mod denials;
 pub mod hooks;
 pub mod log_store;
 pub mod replies;

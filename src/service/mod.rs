@@ -612,6 +612,9 @@ impl Service {
                 .collect(),
         };
         self.inner.policies.store(Arc::new(new));
+        if let Some(cluster) = self.cluster() {
+            cluster.policies_changed();
+        }
         self.inner.metrics.reloads.with_label_values(&["ok"]).inc();
         tracing::info!(?report, "policies reloaded");
         Ok(report)
