@@ -527,6 +527,7 @@ async fn a_flood_of_denied_strict_checks_adds_nothing_to_the_log() {
     }
     assert_eq!(admitted, 40, "the limit is 40 per hour");
     let before = blocking(|| proposed(&cluster));
+    let leader = blocking(|| cluster.leader_of(0, shard("small", "hot"))).unwrap();
     for i in 0..150 {
         let a = clients[i % 3]
             .check(&[("small", "hot", 1)], None)
@@ -544,7 +545,11 @@ async fn a_flood_of_denied_strict_checks_adds_nothing_to_the_log() {
     assert!(added < 10, "150 denied checks added {added} log entries");
     // The two members that do not lead the key's shard learned the denial from its leader
     // and gave it again themselves (100 of their 100 checks, minus the first of each).
-    let leader = blocking(|| cluster.leader_of(0, shard("small", "hot"))).unwrap();
+    assert_eq!(
+        blocking(|| cluster.leader_of(0, shard("small", "hot"))),
+        Some(leader),
+        "the leader changed during the flood"
+    );
     let cached: u64 = (0..3)
         .filter(|&i| i + 1 != leader as usize)
         .map(|i| metric(&cluster, i, "quorate_denials_cached_total"))
@@ -593,7 +598,7 @@ async fn a_cached_denial_ends_before_the_leader_would_admit_again() {
     assert!(metric(&cluster, i, "quorate_denials_cached_total") > 0);
 }
 
-/// Leadership spreads back to the members/// Leadership spreads back to the members (each takes the shards it prefers) without leaving
+/// Leadership spreads back to the members (each takes the shards it prefers) without leaving
 /// a shard leaderless, also with a long election timeout: a preferred member's election that
 /// its voters refuse (they still hear from the leader) deposes the leader for an election
 /// timeout, which made `/readyz` flap on every member every few seconds.

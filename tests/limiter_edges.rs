@@ -337,3 +337,27 @@ fn retry_after_in_seconds_rounds_up_never_down() {
     assert_eq!(d(0).retry_after_secs(), 0);
     assert_eq!(d(u64::MAX).reset_after_secs(), u64::MAX.div_ceil(SECOND));
 }
+
+/// A reload may shrink a limit while keys keep their state: a key spent under the larger
+/// limit is decided under the smaller one without a panic or an overflow, and is denied
+/// (it has spent more than the smaller limit allows), until time gives it back.
+#[test]
+fn a_key_spent_under_a_larger_limit_is_denied_under_a_smaller_one() {
+    for alg in Algorithm::ALL {
+        let large = limit(alg, 100, SECOND, 100);
+        let small = limit(alg, 10, SECOND, 10);
+        let mut s = large.new_state();
+        assert_eq!(
+            admitted(&large, &mut s, (0..100).map(|i| i * 1000)),
+            100,
+            "{alg:?}"
+        );
+        let d = small.decide(&mut s, 100 * 1000, 1);
+        assert_eq!(d.outcome, Outcome::Denied, "{alg:?}: {d:?}");
+        assert_eq!(d.remaining, 0, "{alg:?}: {d:?}");
+        assert!(d.retry_after > 0, "{alg:?}: {d:?}");
+        // Long after, the key is as fresh under the small limit as a new one.
+        let later = 100 * SECOND;
+        assert!(small.decide(&mut s, later, 1).allowed(), "{alg:?}");
+    }
+}

@@ -38,7 +38,8 @@ fn roll(s: &mut State, p: &Policy, now: Nanos) -> u128 {
 pub fn decide(s: &mut State, p: &Policy, now: Nanos, cost: u64) -> Decision {
     let end = roll(s, p, now);
     let until_end = u64::try_from(end - now as u128).unwrap_or(u64::MAX);
-    let left = p.limit() - s.count; // count <= limit always
+    // count <= limit, unless a reload lowered the limit since the key spent it.
+    let left = p.limit().saturating_sub(s.count);
     let mut d = Decision {
         outcome: Outcome::Allowed,
         limit: p.limit(),

@@ -72,7 +72,8 @@ pub fn decide(s: &mut State, p: &Policy, now: Nanos, cost: u64) -> Decision {
         // In this window the previous count's weight decays; if the current count alone
         // leaves no room, wait for the next window (where `curr` becomes the decaying part),
         // or the one after (where nothing is left).
-        let in_this = (cost <= p.limit() - s.curr)
+        // (`curr` can exceed the limit if a reload lowered the limit since.)
+        let in_this = (s.curr <= p.limit() && cost <= p.limit() - s.curr)
             .then(|| first_fit(s.prev, p.limit() - s.curr - cost, period))
             .flatten()
             .map(|e| start + e);

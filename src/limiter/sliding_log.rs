@@ -72,7 +72,8 @@ pub fn decide(s: &mut State, p: &Policy, now: Nanos, cost: u64) -> Decision {
         s.entries.pop_front();
         s.total -= n;
     }
-    let left = p.limit() - s.total;
+    // total <= limit, unless a reload lowered the limit since the key spent it.
+    let left = p.limit().saturating_sub(s.total);
     let mut d = Decision {
         outcome: Outcome::Allowed,
         limit: p.limit(),
@@ -85,7 +86,7 @@ pub fn decide(s: &mut State, p: &Policy, now: Nanos, cost: u64) -> Decision {
         d.outcome = Outcome::Never;
     } else if cost > left {
         // Walk the oldest admissions until enough units have expired to fit `cost`.
-        let need = cost - left;
+        let need = (s.total + cost).saturating_sub(p.limit());
         let mut freed = 0;
         for &(at, n) in &s.entries {
             freed += n;

@@ -68,7 +68,9 @@ pub fn decide(s: &mut State, p: &Policy, now: Nanos, cost: u64) -> Decision {
     s.deficit = refilled(s, p, now);
     s.last = s.last.max(now);
     let period = p.period() as u128;
-    let level = p.capacity as u128 * period - s.deficit;
+    let full = p.capacity as u128 * period;
+    // deficit <= full, unless a reload lowered the capacity since the key spent it.
+    let level = full.saturating_sub(s.deficit);
     let mut d = Decision {
         outcome: Outcome::Allowed,
         limit: p.capacity,
@@ -86,7 +88,7 @@ pub fn decide(s: &mut State, p: &Policy, now: Nanos, cost: u64) -> Decision {
             d.remaining = p.period.div_sat(level - need);
         } else {
             d.outcome = Outcome::Denied;
-            d.retry_after = p.rate.ceil_sat(need - level);
+            d.retry_after = p.rate.ceil_sat(need + s.deficit - full);
         }
     }
     d.reset_after = p.rate.ceil_sat(s.deficit);

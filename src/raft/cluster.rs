@@ -899,10 +899,16 @@ async fn propose_loop(cluster: Arc<Cluster>, group: Arc<Group>) {
                 return;
             }
         };
-        let (term, is_leader) = {
+        let (term, is_leader, caught_up) = {
             let m = group.raft.metrics();
             let m = m.borrow();
-            (m.current_term, m.state == ServerState::Leader)
+            // This term's first entry applied: everything committed before it is too.
+            let applied_term = m.last_applied.map(|l| l.leader_id.term);
+            (
+                m.current_term,
+                m.state == ServerState::Leader,
+                applied_term == Some(m.current_term),
+            )
         };
         if !is_leader {
             spec = None;
@@ -920,7 +926,13 @@ async fn propose_loop(cluster: Arc<Cluster>, group: Arc<Group>) {
             time = Some((term, ShardTime::new(cluster.clock.clone(), base)));
         }
         let now = time.as_mut().map_or(0, |(_, t)| t.now());
-        let pending = deny_at_once(&group.info_state, pending, now);
+        // A new leader that has not applied everything committed yet would deny on an old
+        // state at an old time (and with too long a retry_after): it proposes them instead.
+        let pending = if caught_up {
+            deny_at_once(&group.info_state, pending, now)
+        } else {
+            pending
+        };
         if pending.is_empty() {
             continue;
         }
@@ -998,9 +1010,9 @@ async fn propose_loop(cluster: Arc<Cluster>, group: Arc<Group>) {
 /// others are returned to be proposed. The log's answer could only be a denial too: the
 /// entries still in flight only consume more, at times up to `now` (the one exception, an
 /// in-flight refund, can only make this a denial the log would not have given; never an
-/// admission). A leader that has not applied everything yet, or was deposed, denies on less
-/// consumption than the truth, so its denials are ones the truth gives as well. Under a flood
-/// of denied requests on a hot key, nothing reaches the log, the followers or the disk.
+/// admission). Only once this term's first entry is applied (the caller checks), so the
+/// state and its time are the log's up to there. Under a flood of denied requests on a hot
+/// key, nothing reaches the log, the followers or the disk.
 fn deny_at_once(state: &Mutex<ShardState>, pending: Vec<Pending>, now: Nanos) -> Vec<Pending> {
     let state = lock(state);
     let mut rest = Vec::with_capacity(pending.len());

@@ -135,6 +135,15 @@ impl ShardState {
                 return None;
             };
             let mut state = match self.keys.get(key) {
+                // Stored under another limit (a reload changed it): applying would record
+                // the new limit, which eviction then judges the key by, so it must be logged.
+                Some(e) if e.limit != *limit => return None,
+                // A sliding log's state is one timestamp per admission in its window: too
+                // large to copy for each check under the state machine's lock.
+                Some(Entry {
+                    state: KeyState::SlidingLog(_),
+                    ..
+                }) => return None,
                 Some(e) => e.state.clone(),
                 None => limit.new_state(),
             };
@@ -386,6 +395,15 @@ mod tests {
         };
         assert_eq!(s.denials(&[refund], 0), None);
         assert_eq!(s.denials(&[check("k", &tb(), 1, None)], SECOND), None);
+        // A key stored under another limit (a reload): applying would record the new limit,
+        // which eviction judges the key by, so the check must go through the log.
+        let smaller = Limit::new(Algorithm::TokenBucket, 1, SECOND, 1).unwrap();
+        let applied = s.clone().apply(&Batch {
+            time: 0,
+            commands: vec![check("k", &smaller, 1, None)],
+        });
+        assert_eq!(decided(&applied[0]).outcome, Outcome::Denied);
+        assert_eq!(s.denials(&[check("k", &smaller, 1, None)], 0), None);
     }
 
     #[test]
