@@ -361,3 +361,30 @@ fn a_key_spent_under_a_larger_limit_is_denied_under_a_smaller_one() {
         assert!(small.decide(&mut s, later, 1).allowed(), "{alg:?}");
     }
 }
+
+/// A reload may lengthen a period while keys keep their state: a key spent under the short
+/// period is admitted again under the long one within two long periods, not after a time
+/// that grows with the shard's age (window numbers were counted in the short period's units;
+/// without `Limit::adopt` the fixed window waited 1.9 years here).
+#[test]
+fn a_key_spent_under_a_short_period_recovers_under_a_longer_one() {
+    for alg in Algorithm::ALL {
+        let short = limit(alg, 10, SECOND, 10);
+        let long = limit(alg, 10, 60 * SECOND, 10);
+        let start = 1_000_000 * SECOND; // a shard some days old
+        let mut s = short.new_state();
+        assert_eq!(
+            admitted(&short, &mut s, (0..10).map(|i| start + i)),
+            10,
+            "{alg:?}"
+        );
+        let later = start + 120 * SECOND;
+        long.adopt(&mut s, later); // what a shard does when a key's limit changed
+        let d = long.decide(&mut s, later, 1);
+        if !d.allowed() {
+            assert!(d.retry_after <= 120 * SECOND, "{alg:?}: {d:?}");
+            let again = long.decide(&mut s, later + d.retry_after, 1);
+            assert!(again.allowed(), "{alg:?}: {again:?} after its retry_after");
+        }
+    }
+}

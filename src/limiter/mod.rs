@@ -431,6 +431,20 @@ impl Limit {
         }
     }
 
+    /// A reload changed a key's limit to this one: carries its `state` over. Window numbers
+    /// count periods, so a window state numbered under a shorter period moves to the window
+    /// `now` is in, keeping its counts (it never grants more); the other states mean the same
+    /// under any parameters.
+    pub fn adopt(&self, state: &mut KeyState, now: Nanos) {
+        match (self, state) {
+            (Limit::FixedWindow(p), KeyState::FixedWindow(s)) => fixed_window::adopt(s, p, now),
+            (Limit::SlidingCounter(p), KeyState::SlidingCounter(s)) => {
+                sliding_counter::adopt(s, p, now)
+            }
+            _ => {}
+        }
+    }
+
     /// Gives back `cost` units that a decision at `admitted_at` admitted: the compensation
     /// of the all-or-nothing rule when another limit of the same check denied. Right after the
     /// admission it undoes it exactly; later it never lifts the key above its fresh state.

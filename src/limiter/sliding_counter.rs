@@ -98,6 +98,14 @@ pub fn decide(s: &mut State, p: &Policy, now: Nanos, cost: u64) -> Decision {
     d
 }
 
+/// A reload changed the key's limit to `p`: a window numbered under a shorter period (a
+/// larger number than `now`'s window under `p`) becomes `now`'s window, keeping its counts.
+/// Without this the key waited until `p`'s windows caught up with the old numbers (the
+/// shard's age times the ratio of the periods).
+pub fn adopt(s: &mut State, p: &Policy, now: Nanos) {
+    s.window = s.window.min(p.window_of(now));
+}
+
 pub fn is_fresh(s: &State, p: &Policy, now: Nanos) -> bool {
     let idx = p.window_of(now);
     if idx >= s.window.saturating_add(2) {

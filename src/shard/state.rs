@@ -214,7 +214,11 @@ impl ShardState {
         now: Nanos,
     ) -> (Decision, bool) {
         if let Some(e) = self.keys.get_mut(key) {
-            e.limit = limit.clone();
+            if e.limit != *limit {
+                // A reload changed the key's limit.
+                limit.adopt(&mut e.state, now);
+                e.limit = limit.clone();
+            }
             return (limit.decide(&mut e.state, now, cost), false);
         }
         let mut state = limit.new_state();
@@ -404,6 +408,24 @@ mod tests {
         });
         assert_eq!(decided(&applied[0]).outcome, Outcome::Denied);
         assert_eq!(s.denials(&[check("k", &smaller, 1, None)], 0), None);
+    }
+
+    #[test]
+    fn a_reload_that_lengthens_a_window_keeps_the_count_in_the_current_window() {
+        let short = Limit::new(Algorithm::FixedWindow, 2, SECOND, 2).unwrap();
+        let long = Limit::new(Algorithm::FixedWindow, 2, 60 * SECOND, 2).unwrap();
+        let mut s = ShardState::new(bounds(10));
+        let start = 1_000_000 * SECOND;
+        let at = |t, l: &Limit| Batch {
+            time: t,
+            commands: vec![check("k", l, 2, None)],
+        };
+        assert!(decided(&s.apply(&at(start, &short))[0]).allowed());
+        // The spent count stays (no fresh allowance), for this long window only.
+        let d = decided(&s.apply(&at(start + 1, &long))[0]);
+        assert_eq!(d.outcome, Outcome::Denied);
+        assert!(d.retry_after <= 60 * SECOND, "{d:?}");
+        assert!(decided(&s.apply(&at(start + 1 + d.retry_after, &long))[0]).allowed());
     }
 
     #[test]
