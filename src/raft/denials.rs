@@ -62,18 +62,9 @@ impl DenialCache {
             return None;
         }
         let one = |command: &Command| {
-            let Command::Check {
-                key,
-                limit,
-                cost,
-                request_id: None,
-                ..
-            } = command
-            else {
-                return None;
-            };
+            let (key, limit, cost) = command.plain_check()?;
             let c = map.get(key)?;
-            if now >= c.until || c.cost != *cost || c.limit != *limit {
+            if now >= c.until || c.cost != cost || c.limit != *limit {
                 return None;
             }
             let elapsed = now.saturating_sub(c.asked_at);
@@ -101,20 +92,14 @@ impl DenialCache {
         let mut map = self.map();
         for (command, applied) in commands.iter().zip(applied) {
             let (
-                Command::Check {
-                    key,
-                    limit,
-                    cost,
-                    request_id: None,
-                    ..
-                },
+                Some((key, limit, cost)),
                 Applied::Decided {
                     decision,
                     replayed: false,
                     fallback: false,
                     ..
                 },
-            ) = (command, applied)
+            ) = (command.plain_check(), applied)
             else {
                 continue;
             };
@@ -135,12 +120,12 @@ impl DenialCache {
             let until = asked_at.saturating_add(decision.retry_after / 5 * 4);
             let cached = Cached {
                 limit: limit.clone(),
-                cost: *cost,
+                cost,
                 decision: *decision,
                 asked_at,
                 until,
             };
-            map.insert(key.clone(), cached);
+            map.insert(key.to_owned(), cached);
         }
     }
 

@@ -34,6 +34,24 @@ pub enum Command {
     Evict,
 }
 
+impl Command {
+    /// A check without a request id, as (key, limit, cost): its answer follows from the
+    /// key's state and the time alone, so the cluster may answer a denial of it without
+    /// the log (`ShardState::denials`, `raft::denials`).
+    pub fn plain_check(&self) -> Option<(&str, &Limit, u64)> {
+        match self {
+            Command::Check {
+                key,
+                limit,
+                cost,
+                request_id: None,
+                ..
+            } => Some((key, limit, *cost)),
+            _ => None,
+        }
+    }
+}
+
 /// Commands applied at one shard time.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Batch {

@@ -124,16 +124,7 @@ impl ShardState {
     pub fn denials(&self, commands: &[Command], now: Nanos) -> Option<Vec<Applied>> {
         let now = self.time.max(now);
         let deny = |command: &Command| {
-            let Command::Check {
-                key,
-                limit,
-                cost,
-                request_id: None,
-                ..
-            } = command
-            else {
-                return None;
-            };
+            let (key, limit, cost) = command.plain_check()?;
             let mut state = match self.keys.get(key) {
                 // Stored under another limit (a reload changed it): applying would record
                 // the new limit, which eviction then judges the key by, so it must be logged.
@@ -147,7 +138,7 @@ impl ShardState {
                 Some(e) => e.state.clone(),
                 None => limit.new_state(),
             };
-            let decision = limit.decide(&mut state, now, *cost);
+            let decision = limit.decide(&mut state, now, cost);
             (decision.outcome != Outcome::Allowed).then_some(Applied::Decided {
                 decision,
                 replayed: false,
