@@ -498,7 +498,7 @@ async fn a_strict_leader_cut_off_from_its_followers_acknowledges_nothing() {
 
 /// A counter from member `i`'s `/metrics`.
 fn metric(cluster: &Cluster, i: usize, name: &str) -> u64 {
-    let answer = cluster_support::http(cluster.members[i].http, "GET", "/metrics", "");
+    let answer = blocking(|| cluster_support::http(cluster.members[i].http, "GET", "/metrics", ""));
     answer
         .lines()
         .find_map(|l| l.strip_prefix(name)?.trim().parse::<f64>().ok())

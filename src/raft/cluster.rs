@@ -504,9 +504,10 @@ impl Cluster {
     ) -> Result<Vec<Applied>, ShardError> {
         let group = self.group(shard).clone();
         let me = self.config.node_id;
+        let leader = self.leader(&group);
         // A denial this node learned from another node's leader, still in force, is given
         // again without asking (a leader uses its committed state instead, in its proposer).
-        if self.leader(&group) != Some(me) {
+        if leader != Some(me) {
             if let Some(denied) = self.denials.answer(&commands, self.clock.monotonic()) {
                 self.metrics.denials_cached.inc_by(denied.len() as u64);
                 return Ok(denied);
@@ -516,7 +517,7 @@ impl Cluster {
         // retrying what was certainly not applied. Past it (or on an outcome that may have
         // been applied), `on_unavailable` answers.
         let attempt = async {
-            let mut hint = self.leader(&group);
+            let mut hint = leader;
             loop {
                 let id = match hint {
                     Some(id) => id,

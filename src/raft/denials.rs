@@ -10,11 +10,13 @@
 //! a hot key then stops at the member it reaches, instead of costing a forward each.
 //!
 //! Only denials are kept, so the cache can never admit anything. What it can do is deny a
-//! check the leader would have admitted, in two cases: a refund (of an all-or-nothing check
-//! that another limit denied) gave back some of the key's consumption after the denial was
-//! learned; or the policy changed (a reload: the cache is cleared then). Both end within the
-//! denial's own `retry_after`. The cache is bounded: when full, expired entries are dropped,
-//! and if that is not enough, all of them.
+//! check the leader would now admit: when the leader's denial was itself one the log would
+//! not give (an in-flight refund; under `fast`, speculative entries a failover then lost);
+//! when a refund (of an all-or-nothing check that another limit denied) gave back some of the
+//! key's consumption after the denial was learned; when the policy changed (a reload clears
+//! the cache); or when the nodes' clocks run more than a quarter apart. Each ends within the
+//! denial's own `retry_after` (docs/semantics.md). The cache is bounded: when full, expired
+//! entries are dropped, and if that frees less than a tenth, all of them.
 
 use crate::limiter::{Decision, Limit, Nanos, Outcome};
 use crate::shard::command::{Applied, Command};
