@@ -448,3 +448,30 @@ proptest! {
         prop_assert_eq!(&found[..], &records[..damaged]);
     }
 }
+
+#[tokio::test]
+async fn unsynced_submissions_are_written_in_order_and_made_durable_by_the_next_sync() {
+    let dir = tempfile::tempdir().unwrap();
+    let (wal, _) = Wal::open(dir.path()).unwrap();
+    let records = sample();
+    for r in &records[..3] {
+        let mut batch = wal.batch();
+        batch.push(r.group, r.kind, &r.bytes).unwrap();
+        wal.reserve(batch).await.unwrap().submit_unsynced();
+    }
+    for _ in 0..400 {
+        if wal.stats().0 == 3 {
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+    }
+    assert_eq!(wal.stats(), (3, 0), "written, and no sync of their own");
+    let last = &records[3];
+    wal.append(last.group, last.kind, &last.bytes)
+        .await
+        .unwrap();
+    assert_eq!(wal.stats(), (4, 1));
+    drop(wal);
+    let (_wal, found) = Wal::open(dir.path()).unwrap();
+    assert_eq!(found, records);
+}

@@ -46,6 +46,11 @@ impl Done {
         Done(Some(notify))
     }
 
+    /// Nobody to tell (an unsynced submission: see [`Request::sync`]).
+    pub fn nobody() -> Done {
+        Done(None)
+    }
+
     fn complete(mut self, result: io::Result<()>) {
         match self.0.take() {
             // The submitter may have given up (dropped its future); nothing to tell then.
@@ -75,13 +80,19 @@ impl Drop for Done {
 pub struct Request {
     pub frames: Vec<u8>,
     pub done: Done,
+    /// `false`: written in its place in the stream, but no reason for a sync of its own. It
+    /// becomes durable with the next sync any later request causes (a batch of only such
+    /// requests is written without one). For records nobody waits for, whose loss in a
+    /// crash is harmless together with everything after them (see `raft::log_store`).
+    pub sync: bool,
     pub _permit: OwnedSemaphorePermit,
 }
 
 /// Counters for tests and benchmarks.
 #[derive(Debug, Default)]
 pub struct Stats {
-    /// Submissions made durable (written, with `sync: false`).
+    /// Submissions written (and synced, unless `Settings::sync` is off or all of the batch's
+    /// requests were unsynced ones).
     pub appends: AtomicU64,
     /// Batch syncs that did it (compaction's own syncs are not counted).
     pub syncs: AtomicU64,
@@ -338,7 +349,7 @@ impl Writer {
             self.segment.file.write_all(batch)?;
         }
         let stats = &self.shared.stats;
-        if self.settings.sync {
+        if self.settings.sync && waiting.iter().any(|r| r.sync) {
             self.segment.file.sync_data()?;
             stats.syncs.fetch_add(1, Ordering::Relaxed);
         }
