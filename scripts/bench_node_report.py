@@ -47,6 +47,24 @@ for keys, label in [(10000, "10k random keys (mostly admitted)"), (10, "10 hot k
                      f"{min(each):.2f}-{max(each):.2f}x | "
                      f"{med('redis', pipe, keys, 1):.3f} / {med('redis', pipe, keys, 2):.3f} | "
                      f"{med('quorate', pipe, keys, 1):.3f} / {med('quorate', pipe, keys, 2):.3f} |")
+if ("ping", 1, 10000) in rows and ("quorate", 1, 10000) in rows:
+    ping = med("ping", 1, 10000, 0)
+    lines.append("")
+    lines.append("**The client's ceiling, unpipelined.** In the same rounds, the same "
+                 "`redis-benchmark -c 50` sent `PING` to Redis: the cheapest command of the fastest "
+                 "server here. No server can be driven faster by this client on its one core, so at "
+                 "-P 1 a ratio to Redis+Lua above ping / Redis+Lua is out of any server's reach:")
+    lines.append("")
+    lines.append("| -P 1 workload | Redis PING req/s (ceiling) | ceiling / Redis+Lua | quorate / ceiling |")
+    lines.append("|---|---:|---:|---:|")
+    pings = [v[0] for v in rows[("ping", 1, 10000)]]
+    for keys, label in [(10000, "10k random keys"), (10, "10 hot keys")]:
+        if ("redis", 1, keys) not in rows or ("quorate", 1, keys) not in rows:
+            continue
+        reach = [q[0] / p for q, p in zip(rows[("quorate", 1, keys)], pings)]
+        lines.append(f"| {label} | {ping:,.0f} | {ping / med('redis', 1, keys, 0):.2f}x | "
+                     f"{statistics.median(reach) * 100:.0f}% (rounds {min(reach) * 100:.0f}-"
+                     f"{max(reach) * 100:.0f}%) |")
 lines.append("")
 wrk = open(os.path.join(out_dir, "wrk.txt")).read()
 rps = re.search(r"Requests/sec:\s+([\d.]+)", wrk)
