@@ -11,7 +11,9 @@
 //!   the log in the order `submit` is called, and returns a [`Durable`] future that resolves
 //!   `Ok` only after the records are written and synced (`File::sync_data`).
 //!   [`Reserved::submit_then`] calls a function instead (on the writer thread). [`Wal::append`]
-//!   is the one-record, wait-for-it form.
+//!   is the one-record, wait-for-it form. [`Reserved::submit_unsynced`] enqueues records that
+//!   nobody waits for and that cause no sync of their own: they become durable with the next
+//!   sync any later submission causes.
 //! - Completions come in queue order, and one sync covers everything written before it, so a
 //!   completed submission vouches for every earlier one: the log on disk is always a *prefix*
 //!   of the submission stream.
@@ -105,7 +107,8 @@ pub struct WalOptions {
     /// Compact once the current segment is this long (and twice its checkpoint); only with a
     /// [`SnapshotSource`] set.
     pub compact_bytes: u64,
-    /// `true` (the default) syncs every batch. `false` is UNSAFE: acknowledged records can be
+    /// `true` (the default) syncs every batch that holds a submission other than an unsynced
+    /// one ([`Reserved::submit_unsynced`]). `false` is UNSAFE: acknowledged records can be
     /// lost on power failure. It exists as the negative control for durability tests.
     pub sync: bool,
     /// UNSAFE, negative controls only: hold written records in process memory (flushed at
@@ -430,7 +433,8 @@ impl Wal {
 
     /// `(appends, syncs)` so far: submissions written (made durable by a sync, unless the
     /// WAL runs with `sync: false` or they were [`Reserved::submit_unsynced`] and no later
-    /// sync has come yet) and the syncs that covered them. `syncs / appends` is the fsync cost per submission.
+    /// sync has come yet) and the syncs that covered them. `syncs / appends` is the fsync
+    /// cost per submission.
     pub fn stats(&self) -> (u64, u64) {
         let stats = &self.inner.shared.stats;
         (

@@ -3,7 +3,8 @@
 //! Blocking file I/O must not run on the async workers, and group commit needs exactly one
 //! place where writes happen, so the log file belongs to one std thread. It sleeps until a
 //! submission arrives, then takes every submission queued meanwhile (those that arrived while
-//! the previous `fdatasync` ran), writes them with one `write_all` and syncs once, and only then
+//! the previous `fdatasync` ran), writes them with one `write_all` and syncs once (unless all
+//! of them are unsynced submissions, see [`Request::sync`]), and only then
 //! completes them all, in queue order. N concurrent appenders therefore cost about N / batch
 //! syncs. Completing in order means a completion also vouches for everything queued before.
 //!
