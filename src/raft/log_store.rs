@@ -62,7 +62,7 @@ use serde::de::DeserializeOwned;
 use serde::Serialize;
 
 use super::types::{GroupId, NodeId, TypeConfig};
-use crate::wal::{Batch, Durable, Record, Wal, WalOptions};
+use crate::wal::{Batch, Durable, Record, Reserved, Wal, WalOptions};
 
 /// A Raft log entry of a shard group.
 pub type Entry = openraft::Entry<TypeConfig>;
@@ -354,10 +354,7 @@ impl GroupLog {
         batch: Batch,
         update: impl FnOnce(&mut GroupState),
     ) -> io::Result<Durable> {
-        let reserved = self.wal.reserve(batch).await?;
-        let mut state = lock(&self.state);
-        update(&mut state);
-        Ok(reserved.submit())
+        self.stage(batch, update, Reserved::submit).await
     }
 
     /// [`GroupLog::write`] for a record nobody waits for: it causes no sync of its own and
@@ -367,11 +364,21 @@ impl GroupLog {
         batch: Batch,
         update: impl FnOnce(&mut GroupState),
     ) -> io::Result<()> {
+        self.stage(batch, update, Reserved::submit_unsynced).await
+    }
+
+    /// The steps of both writes: room in the queue, then `update` and `submit` under the
+    /// group's lock.
+    async fn stage<T>(
+        &self,
+        batch: Batch,
+        update: impl FnOnce(&mut GroupState),
+        submit: impl FnOnce(Reserved) -> T,
+    ) -> io::Result<T> {
         let reserved = self.wal.reserve(batch).await?;
         let mut state = lock(&self.state);
         update(&mut state);
-        reserved.submit_unsynced();
-        Ok(())
+        Ok(submit(reserved))
     }
 
     fn entries_batch(&self, entries: &[Entry]) -> io::Result<Batch> {
