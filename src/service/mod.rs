@@ -18,7 +18,7 @@ use crate::policy::PolicySet;
 use crate::raft::cluster::{Cluster, GroupStatus};
 use crate::shard::actor::{ShardError, Shards};
 use crate::shard::command::{Applied, Command};
-use crate::shard::route::shard_of;
+use crate::shard::route::{shard_of, shard_of_hash};
 use crate::shard::state::Bounds;
 use resolve::Resolved;
 use serde::Serialize;
@@ -317,7 +317,7 @@ impl Service {
         timer: Option<&mut LazyTimer>,
     ) -> Result<CheckResponse, CheckError> {
         let item = &mut items[0];
-        let shard = shard_of(&item.storage_key, self.inner.shards.count());
+        let shard = shard_of_hash(item.route, self.inner.shards.count());
         let fast = item.fast;
         let command = item.command(request_id, 0, true);
         let timeout = self.inner.call_timeout;
@@ -357,7 +357,7 @@ impl Service {
                 Ok(mut items) => {
                     let single = items.len() == 1;
                     for (i, item) in items.iter_mut().enumerate() {
-                        let shard = shard_of(&item.storage_key, self.inner.shards.count());
+                        let shard = shard_of_hash(item.route, self.inner.shards.count());
                         let slot = per_shard
                             .entry(shard)
                             .or_insert_with(|| (Vec::new(), Vec::new(), true));
@@ -374,10 +374,14 @@ impl Service {
                 }
             }
         }
-        let mut results: Vec<Vec<Option<Applied>>> = resolved
-            .iter()
-            .map(|items| vec![None; items.len()])
-            .collect();
+        // Every item's result in one vector: check r's items from first[r] on.
+        let mut first = Vec::with_capacity(resolved.len());
+        let mut total = 0;
+        for items in &resolved {
+            first.push(total);
+            total += items.len();
+        }
+        let mut results: Vec<Option<Applied>> = vec![None; total];
         let shards = &self.inner.shards;
         let sent = per_shard
             .into_iter()
@@ -401,7 +405,7 @@ impl Service {
             match outcome {
                 Ok(applied) => {
                     for ((r, i), a) in slots.into_iter().zip(applied) {
-                        results[r][i] = Some(a);
+                        results[first[r] + i] = Some(a);
                     }
                 }
                 Err(e) => {
@@ -414,14 +418,15 @@ impl Service {
         let mut refunds: BTreeMap<u32, Vec<Command>> = BTreeMap::new();
         let mut counted = DecisionTally::default();
         for (r, items) in resolved.iter_mut().enumerate() {
+            let results = &results[first[r]..first[r] + items.len()];
             if answers[r].is_some() {
                 // Invalid, or a shard failed: refund whatever other shards admitted.
-                self.collect_refunds(items, &results[r], &mut refunds);
+                self.collect_refunds(items, results, &mut refunds);
                 continue;
             }
-            let response = self.respond(items, &results[r], started, &mut counted);
+            let response = self.respond(items, results, started, &mut counted);
             if !response.allowed {
-                self.collect_refunds(items, &results[r], &mut refunds);
+                self.collect_refunds(items, results, &mut refunds);
             }
             answers[r] = Some(Ok(response));
         }
@@ -527,7 +532,7 @@ impl Service {
             }) = applied
             {
                 if decision.allowed() && item.cost > 0 {
-                    let shard = shard_of(&item.storage_key, self.inner.shards.count());
+                    let shard = shard_of_hash(item.route, self.inner.shards.count());
                     refunds.entry(shard).or_default().push(item.refund(*at));
                 }
             }

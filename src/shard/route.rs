@@ -9,7 +9,12 @@
 
 /// A stable 64-bit FNV-1a hash.
 pub fn fnv1a(bytes: &[u8]) -> u64 {
-    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+    fnv1a_on(0xcbf2_9ce4_8422_2325, bytes)
+}
+
+/// FNV-1a continued over `bytes` from `h`, the hash of what came before them:
+/// `fnv1a_on(fnv1a(a), b) == fnv1a(a ++ b)`. Lets a key's prefix be hashed once.
+pub fn fnv1a_on(mut h: u64, bytes: &[u8]) -> u64 {
     for &b in bytes {
         h ^= b as u64;
         h = h.wrapping_mul(0x0000_0100_0000_01b3);
@@ -33,6 +38,11 @@ pub fn shard_of(key: &str, shards: u32) -> u32 {
     jump(fnv1a(key.as_bytes()), shards)
 }
 
+/// The shard that owns the key whose [`fnv1a`] is `hash`.
+pub fn shard_of_hash(hash: u64, shards: u32) -> u32 {
+    jump(hash, shards)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -42,6 +52,7 @@ mod tests {
         // Pinned values: a change here would move keys between shards of a running cluster.
         assert_eq!(fnv1a(b""), 0xcbf2_9ce4_8422_2325);
         assert_eq!(fnv1a(b"a"), 0xaf63_dc4c_8601_ec8c);
+        assert_eq!(fnv1a_on(fnv1a(b"login:"), b"alice"), fnv1a(b"login:alice"));
         assert_eq!(
             shard_of("login:account:alice", 16),
             shard_of("login:account:alice", 16)

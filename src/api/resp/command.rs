@@ -100,7 +100,7 @@ impl CommandError {
 pub const MAX_PERIOD_SECS: i64 = (MAX_PERIOD / SECOND) as i64;
 
 /// Parses one request (never empty: the frame parser skips empty ones).
-pub fn parse(args: &[Bytes]) -> Result<Command, CommandError> {
+pub fn parse(args: &[&[u8]]) -> Result<Command, CommandError> {
     let Some(name) = args.first() else {
         return Err(CommandError::Unknown("empty command".into()));
     };
@@ -115,12 +115,12 @@ pub fn parse(args: &[Bytes]) -> Result<Command, CommandError> {
     } else if is("PING") {
         match rest {
             [] => Ok(Command::Ping(None)),
-            [m] => Ok(Command::Ping(Some(m.clone()))),
+            [m] => Ok(Command::Ping(Some(Bytes::copy_from_slice(m)))),
             _ => Err(CommandError::Arity("ping")),
         }
     } else if is("ECHO") {
         match rest {
-            [m] => Ok(Command::Echo(m.clone())),
+            [m] => Ok(Command::Echo(Bytes::copy_from_slice(m))),
             _ => Err(CommandError::Arity("echo")),
         }
     } else if is("QUIT") {
@@ -139,15 +139,20 @@ pub fn parse(args: &[Bytes]) -> Result<Command, CommandError> {
     } else if is("CONFIG") {
         config(rest)
     } else if is("INFO") {
-        Ok(Command::Info(rest.to_vec()))
+        Ok(Command::Info(owned(rest)))
     } else {
         Err(unknown(name, rest))
     }
 }
 
+/// Arguments kept by a command (the request's bytes are the connection's).
+fn owned(args: &[&[u8]]) -> Vec<Bytes> {
+    args.iter().map(|a| Bytes::copy_from_slice(a)).collect()
+}
+
 /// Redis 7's message: `unknown command 'NAME', with args beginning with: 'a' 'b' `, each
 /// part cut to 128 bytes.
-fn unknown(name: &[u8], rest: &[Bytes]) -> CommandError {
+fn unknown(name: &[u8], rest: &[&[u8]]) -> CommandError {
     let mut shown_args = String::new();
     for a in rest {
         if shown_args.len() >= 128 {
@@ -170,8 +175,9 @@ pub fn shown(bytes: &[u8], max: usize) -> String {
         .collect()
 }
 
-fn text(arg: &Bytes, what: &str) -> Result<String, CommandError> {
-    String::from_utf8(arg.to_vec())
+fn text(arg: &[u8], what: &str) -> Result<String, CommandError> {
+    std::str::from_utf8(arg)
+        .map(str::to_owned)
         .map_err(|_| CommandError::Invalid(format!("{what} must be valid UTF-8")))
 }
 
@@ -183,7 +189,7 @@ fn int(arg: &[u8], min: i64, max: i64, what: &str, expected: &str) -> Result<i64
 }
 
 /// `CL.THROTTLE key max_burst count period [quantity]`.
-fn throttle(rest: &[Bytes]) -> Result<Command, CommandError> {
+fn throttle(rest: &[&[u8]]) -> Result<Command, CommandError> {
     let (key, max_burst, count, period, quantity) = match rest {
         [k, b, c, p] => (k, b, c, p, None),
         [k, b, c, p, q] => (k, b, c, p, Some(q)),
@@ -236,7 +242,7 @@ fn throttle(rest: &[Bytes]) -> Result<Command, CommandError> {
 
 /// `QR.CHECK [ID request-id] limit key cost [limit key cost ...]`. A limit named `ID` still
 /// works: the ID form is recognised only when the argument count fits it.
-fn check(rest: &[Bytes]) -> Result<Command, CommandError> {
+fn check(rest: &[&[u8]]) -> Result<Command, CommandError> {
     let (request_id, triples) = match rest {
         [id, request_id, triples @ ..]
             if id.eq_ignore_ascii_case(b"ID") && !triples.is_empty() && triples.len() % 3 == 0 =>
@@ -252,10 +258,10 @@ fn check(rest: &[Bytes]) -> Result<Command, CommandError> {
         .map(|(i, t)| {
             let n = i + 1;
             Ok(CheckItem {
-                limit: LimitRef::Named(text(&t[0], &format!("limit of item {n}"))?),
-                key: text(&t[1], &format!("key of item {n}"))?,
+                limit: LimitRef::Named(text(t[0], &format!("limit of item {n}"))?),
+                key: text(t[1], &format!("key of item {n}"))?,
                 cost: int(
-                    &t[2],
+                    t[2],
                     0,
                     i64::MAX,
                     &format!("cost of item {n}"),
@@ -271,7 +277,7 @@ fn check(rest: &[Bytes]) -> Result<Command, CommandError> {
 }
 
 /// `QR.PEEK limit key`.
-fn peek(rest: &[Bytes]) -> Result<Command, CommandError> {
+fn peek(rest: &[&[u8]]) -> Result<Command, CommandError> {
     let [limit, key] = rest else {
         return Err(CommandError::Arity("qr.peek"));
     };
@@ -289,7 +295,7 @@ fn peek(rest: &[Bytes]) -> Result<Command, CommandError> {
     })
 }
 
-fn select(rest: &[Bytes]) -> Result<Command, CommandError> {
+fn select(rest: &[&[u8]]) -> Result<Command, CommandError> {
     let [index] = rest else {
         return Err(CommandError::Arity("select"));
     };
@@ -304,7 +310,7 @@ fn select(rest: &[Bytes]) -> Result<Command, CommandError> {
 
 /// `HELLO [protover [AUTH user pass] [SETNAME name]]`: only protocol 2; the options are
 /// accepted and ignored (quorate has no users or client names).
-fn hello(rest: &[Bytes]) -> Result<Command, CommandError> {
+fn hello(rest: &[&[u8]]) -> Result<Command, CommandError> {
     match rest.first().map(|v| parse_int(v)) {
         None | Some(Some(2)) => Ok(Command::Hello),
         Some(Some(_)) => Err(CommandError::NoProto),
@@ -314,7 +320,7 @@ fn hello(rest: &[Bytes]) -> Result<Command, CommandError> {
     }
 }
 
-fn command(rest: &[Bytes]) -> Result<Command, CommandError> {
+fn command(rest: &[&[u8]]) -> Result<Command, CommandError> {
     let Some(sub) = rest.first() else {
         return Ok(Command::CommandList);
     };
@@ -333,14 +339,14 @@ fn command(rest: &[Bytes]) -> Result<Command, CommandError> {
     }
 }
 
-fn config(rest: &[Bytes]) -> Result<Command, CommandError> {
+fn config(rest: &[&[u8]]) -> Result<Command, CommandError> {
     match rest {
         [] => Err(CommandError::Arity("config")),
         [sub, params @ ..] if sub.eq_ignore_ascii_case(b"GET") => {
             if params.is_empty() {
                 Err(CommandError::Arity("config|get"))
             } else {
-                Ok(Command::ConfigGet(params.to_vec()))
+                Ok(Command::ConfigGet(owned(params)))
             }
         }
         [sub, ..] => Err(CommandError::Invalid(format!(
@@ -355,10 +361,7 @@ mod tests {
     use super::*;
 
     fn p(line: &str) -> Result<Command, CommandError> {
-        let args: Vec<Bytes> = line
-            .split(' ')
-            .map(|s| Bytes::copy_from_slice(s.as_bytes()))
-            .collect();
+        let args: Vec<&[u8]> = line.split(' ').map(str::as_bytes).collect();
         parse(&args)
     }
 
@@ -490,11 +493,7 @@ mod tests {
 
     #[test]
     fn keys_must_be_utf8() {
-        let args = [
-            Bytes::from_static(b"QR.PEEK"),
-            Bytes::from_static(b"l"),
-            Bytes::from_static(b"\xff"),
-        ];
+        let args: [&[u8]; 3] = [b"QR.PEEK", b"l", b"\xff"];
         assert_eq!(
             parse(&args),
             Err(CommandError::Invalid("key must be valid UTF-8".into()))

@@ -8,11 +8,11 @@
 //! answering and closes instead of reading more.
 
 use super::exec;
-use super::frame::{parse_request, Limits, ProtocolError};
+use super::frame::{take_batch, Batch, Limits, ProtocolError};
 use crate::clock::LazyTimer;
 use crate::net::Stream;
 use crate::service::Service;
-use bytes::{Bytes, BytesMut};
+use bytes::BytesMut;
 use std::net::SocketAddr;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::sync::broadcast;
@@ -59,10 +59,11 @@ pub async fn handle<S: Stream>(
     // One idle timer and one call timer for the connection's life (see `LazyTimer`).
     let mut idle = LazyTimer::new(service.clock().clone(), config.idle_timeout);
     let mut calls = service.call_timer();
-    let latency = service
+    let mut latency = service
         .metrics()
         .decision_latency
-        .with_label_values(&["resp"]);
+        .with_label_values(&["resp"])
+        .local();
     let (stopping, stop) = shutdown.split();
     let mut stop = std::pin::pin!(stop);
     let mut buf = BytesMut::new();
@@ -70,9 +71,9 @@ pub async fn handle<S: Stream>(
         if stopping() {
             return;
         }
-        let (requests, error) = take_batch(&mut buf, &limits);
+        let (requests, error) = take_batch(&mut buf, &limits, MAX_BATCH);
         if !requests.is_empty() || error.is_some() {
-            let out = exec::run(&service, requests, error, peer, &latency, &mut calls).await;
+            let out = exec::run(&service, requests, error, peer, &mut latency, &mut calls).await;
             let sent = idle
                 .bound(async {
                     stream.write_all(&out.bytes).await?;
@@ -97,7 +98,15 @@ pub async fn handle<S: Stream>(
             let e = ProtocolError::FrameTooLarge {
                 max: limits.max_frame,
             };
-            let out = exec::run(&service, Vec::new(), Some(e), peer, &latency, &mut calls).await;
+            let out = exec::run(
+                &service,
+                Batch::default(),
+                Some(e),
+                peer,
+                &mut latency,
+                &mut calls,
+            )
+            .await;
             let _ = idle.bound(stream.write_all(&out.bytes)).await;
             return;
         }
@@ -122,28 +131,6 @@ pub async fn handle<S: Stream>(
     }
 }
 
-/// The complete requests at the front of `buf` (at most [`MAX_BATCH`], up to and including a
-/// `QUIT`), and the protocol error that stopped the parser, if any.
-fn take_batch(buf: &mut BytesMut, limits: &Limits) -> (Vec<Vec<Bytes>>, Option<ProtocolError>) {
-    let mut requests = Vec::new();
-    while requests.len() < MAX_BATCH {
-        match parse_request(buf, limits) {
-            Ok(Some(args)) => {
-                let quit = args
-                    .first()
-                    .is_some_and(|a| a.eq_ignore_ascii_case(b"QUIT"));
-                requests.push(args);
-                if quit {
-                    break;
-                }
-            }
-            Ok(None) => break,
-            Err(e) => return (requests, Some(e)),
-        }
-    }
-    (requests, None)
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -152,7 +139,7 @@ mod tests {
     fn a_batch_stops_at_quit_and_leaves_the_rest_unparsed() {
         let mut buf = BytesMut::from(&b"PING\r\nQUIT\r\nPING\r\n"[..]);
         let limits = Limits::from_max_frame_bytes(1024);
-        let (requests, error) = take_batch(&mut buf, &limits);
+        let (requests, error) = take_batch(&mut buf, &limits, MAX_BATCH);
         assert_eq!(requests.len(), 2);
         assert!(error.is_none());
         assert_eq!(&buf[..], b"PING\r\n");
@@ -162,15 +149,15 @@ mod tests {
     fn a_batch_holds_at_most_max_batch_requests() {
         let mut buf = BytesMut::from("PING\r\n".repeat(MAX_BATCH + 5).as_bytes());
         let limits = Limits::from_max_frame_bytes(1024);
-        assert_eq!(take_batch(&mut buf, &limits).0.len(), MAX_BATCH);
-        assert_eq!(take_batch(&mut buf, &limits).0.len(), 5);
+        assert_eq!(take_batch(&mut buf, &limits, MAX_BATCH).0.len(), MAX_BATCH);
+        assert_eq!(take_batch(&mut buf, &limits, MAX_BATCH).0.len(), 5);
     }
 
     #[test]
     fn a_batch_keeps_the_requests_before_a_protocol_error() {
         let mut buf = BytesMut::from(&b"PING\r\n*x\r\n"[..]);
         let limits = Limits::from_max_frame_bytes(1024);
-        let (requests, error) = take_batch(&mut buf, &limits);
+        let (requests, error) = take_batch(&mut buf, &limits, MAX_BATCH);
         assert_eq!(requests.len(), 1);
         assert_eq!(error, Some(ProtocolError::InvalidMultibulkLength));
     }
