@@ -175,14 +175,21 @@ pub fn shown(bytes: &[u8], max: usize) -> String {
         .collect()
 }
 
-fn text(arg: &[u8], what: &str) -> Result<String, CommandError> {
+/// `what` names the argument in the error; it is formatted only for an error.
+fn text(arg: &[u8], what: impl std::fmt::Display) -> Result<String, CommandError> {
     std::str::from_utf8(arg)
         .map(str::to_owned)
         .map_err(|_| CommandError::Invalid(format!("{what} must be valid UTF-8")))
 }
 
 /// An integer argument within `min..=max`, or an error naming it with `expected`.
-fn int(arg: &[u8], min: i64, max: i64, what: &str, expected: &str) -> Result<i64, CommandError> {
+fn int(
+    arg: &[u8],
+    min: i64,
+    max: i64,
+    what: impl std::fmt::Display,
+    expected: &str,
+) -> Result<i64, CommandError> {
     parse_int(arg)
         .filter(|n| (min..=max).contains(n))
         .ok_or_else(|| CommandError::Invalid(format!("{what} must be {expected}")))
@@ -258,13 +265,13 @@ fn check(rest: &[&[u8]]) -> Result<Command, CommandError> {
         .map(|(i, t)| {
             let n = i + 1;
             Ok(CheckItem {
-                limit: LimitRef::Named(text(t[0], &format!("limit of item {n}"))?),
-                key: text(t[1], &format!("key of item {n}"))?,
+                limit: LimitRef::Named(text(t[0], format_args!("limit of item {n}"))?),
+                key: text(t[1], format_args!("key of item {n}"))?,
                 cost: int(
                     t[2],
                     0,
                     i64::MAX,
-                    &format!("cost of item {n}"),
+                    format_args!("cost of item {n}"),
                     "a non-negative integer",
                 )? as u64,
             })

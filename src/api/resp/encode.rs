@@ -11,14 +11,10 @@ pub fn encode(frame: &Frame, out: &mut BytesMut) {
         Frame::Simple(s) => line(out, b'+', s.as_bytes()),
         Frame::Error(s) => line(out, b'-', s.as_bytes()),
         Frame::Integer(n) => number(out, b':', *n),
-        Frame::Bulk(b) => {
-            number(out, b'$', i64::try_from(b.len()).unwrap_or(i64::MAX));
-            out.put_slice(b);
-            out.put_slice(b"\r\n");
-        }
+        Frame::Bulk(b) => bulk(b, out),
         Frame::Null => out.put_slice(b"$-1\r\n"),
         Frame::Array(items) => {
-            number(out, b'*', i64::try_from(items.len()).unwrap_or(i64::MAX));
+            array_header(items.len(), out);
             for item in items {
                 encode(item, out);
             }
@@ -33,10 +29,8 @@ pub fn encode(frame: &Frame, out: &mut BytesMut) {
 pub fn integers(numbers: &[i64], out: &mut BytesMut) {
     const SHORT: usize = 8;
     if numbers.len() > SHORT {
-        number(out, b'*', i64::try_from(numbers.len()).unwrap_or(i64::MAX));
-        for &n in numbers {
-            number(out, b':', n);
-        }
+        array_header(numbers.len(), out);
+        integers_in_place(numbers, out);
         return;
     }
     // The header and SHORT numbers of at most 23 bytes each.
@@ -46,6 +40,32 @@ pub fn integers(numbers: &[i64], out: &mut BytesMut) {
         at = put_number(&mut reply, at, b':', n);
     }
     out.extend_from_slice(&reply[..at]);
+}
+
+/// Appends integers one after another (no array header): the encoding of each
+/// `Frame::Integer`, at most 8 of them, built on the stack and appended at once.
+pub fn integers_in_place(numbers: &[i64], out: &mut BytesMut) {
+    let mut buf = [0u8; 23 * 8];
+    let mut at = 0;
+    for &n in numbers.iter().take(8) {
+        at = put_number(&mut buf, at, b':', n);
+    }
+    out.extend_from_slice(&buf[..at]);
+    for &n in numbers.iter().skip(8) {
+        number(out, b':', n);
+    }
+}
+
+/// Appends an array's header: `*len`.
+pub fn array_header(len: usize, out: &mut BytesMut) {
+    number(out, b'*', i64::try_from(len).unwrap_or(i64::MAX));
+}
+
+/// Appends a bulk string: the encoding of `Frame::Bulk`.
+pub fn bulk(bytes: &[u8], out: &mut BytesMut) {
+    number(out, b'$', i64::try_from(bytes.len()).unwrap_or(i64::MAX));
+    out.extend_from_slice(bytes);
+    out.extend_from_slice(b"\r\n");
 }
 
 /// Writes `kind`, `n` in decimal and CRLF at `at` (at most 23 bytes); returns the end.

@@ -50,9 +50,21 @@ pub fn error_reason(err: &CheckError) -> Option<&'static str> {
 /// `encode(&check_reply(kind, resp))`, with `CL.THROTTLE`'s five integers written
 /// directly (a frame built per reply showed in profiles of pipelined load).
 pub fn write_check_reply(kind: CheckReply, resp: &CheckResponse, out: &mut BytesMut) {
-    match (kind, throttle_numbers(resp)) {
-        (CheckReply::Throttle, Some(numbers)) => encode::integers(&numbers, out),
-        _ => encode::encode(&check_reply(kind, resp), out),
+    match kind {
+        CheckReply::Throttle => match throttle_numbers(resp) {
+            Some(numbers) => encode::integers(&numbers, out),
+            None => encode::encode(&throttle(resp), out),
+        },
+        CheckReply::Check => {
+            encode::array_header(2 + resp.items.len(), out);
+            encode::integers_in_place(&[i64::from(resp.allowed), check_retry_after(resp)], out);
+            for i in &resp.items {
+                encode::array_header(7, out);
+                encode::bulk(i.limit.as_bytes(), out);
+                encode::bulk(i.key.as_bytes(), out);
+                encode::integers_in_place(&item_numbers(&i.decision), out);
+            }
+        }
     }
 }
 
@@ -81,34 +93,47 @@ fn throttle_numbers(resp: &CheckResponse) -> Option<[i64; 5]> {
 }
 
 fn check(resp: &CheckResponse) -> Frame {
-    let retry_after = match (resp.allowed, resp.retry_after()) {
-        (true, _) => Frame::Integer(-1),
-        (false, None) => Frame::Integer(-2),
-        (false, Some(ns)) => Frame::uint(ceil_secs(ns)),
-    };
     let mut out = Vec::with_capacity(2 + resp.items.len());
     out.push(Frame::Integer(i64::from(resp.allowed)));
-    out.push(retry_after);
+    out.push(Frame::Integer(check_retry_after(resp)));
     out.extend(resp.items.iter().map(item));
     Frame::Array(out)
 }
 
+/// A check's `retry_after` in seconds: -1 when allowed, -2 when some item never can be.
+fn check_retry_after(resp: &CheckResponse) -> i64 {
+    match (resp.allowed, resp.retry_after()) {
+        (true, _) => -1,
+        (false, None) => -2,
+        (false, Some(ns)) => saturated(ceil_secs(ns)),
+    }
+}
+
 fn item(i: &ItemDecision) -> Frame {
-    let d: &Decision = &i.decision;
+    let mut frames = vec![Frame::bulk(i.limit.to_string()), Frame::bulk(i.key.clone())];
+    frames.extend(item_numbers(&i.decision).map(Frame::Integer));
+    Frame::Array(frames)
+}
+
+/// An item's numbers: allowed, limit, remaining, retry_after ms, reset_after ms.
+fn item_numbers(d: &Decision) -> [i64; 5] {
     let retry_after = match d.outcome {
-        Outcome::Allowed => Frame::Integer(-1),
-        Outcome::Never => Frame::Integer(-2),
-        Outcome::Denied => Frame::uint(ceil_millis(d.retry_after)),
+        Outcome::Allowed => -1,
+        Outcome::Never => -2,
+        Outcome::Denied => saturated(ceil_millis(d.retry_after)),
     };
-    Frame::Array(vec![
-        Frame::bulk(i.limit.to_string()),
-        Frame::bulk(i.key.clone()),
-        Frame::Integer(i64::from(d.allowed())),
-        Frame::uint(d.limit),
-        Frame::uint(d.remaining),
+    [
+        i64::from(d.allowed()),
+        saturated(d.limit),
+        saturated(d.remaining),
         retry_after,
-        Frame::uint(ceil_millis(d.reset_after)),
-    ])
+        saturated(ceil_millis(d.reset_after)),
+    ]
+}
+
+/// An unsigned count as a RESP integer, saturated (as `Frame::uint`).
+fn saturated(n: u64) -> i64 {
+    i64::try_from(n).unwrap_or(i64::MAX)
 }
 
 /// Nanoseconds to whole milliseconds, rounded up.
@@ -180,6 +205,27 @@ mod tests {
                 );
             }
         }
+        let two = CheckResponse {
+            allowed: false,
+            items: vec![
+                item(
+                    "login",
+                    "alice",
+                    decision(Outcome::Allowed, 5, 4, 0, SECOND),
+                ),
+                item(
+                    "api",
+                    "k\r\n",
+                    decision(Outcome::Denied, 9, 0, 1, 3 * SECOND),
+                ),
+            ],
+        };
+        let mut direct = BytesMut::new();
+        write_check_reply(CheckReply::Check, &two, &mut direct);
+        assert_eq!(
+            String::from_utf8(direct.to_vec()).unwrap(),
+            wire(check_reply(CheckReply::Check, &two))
+        );
         let empty = CheckResponse {
             allowed: false,
             items: vec![],
