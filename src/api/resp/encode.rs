@@ -27,33 +27,37 @@ pub fn encode(frame: &Frame, out: &mut BytesMut) {
 /// stack and appended at once: per-number appends and formatting showed in profiles of
 /// pipelined load.
 pub fn integers(numbers: &[i64], out: &mut BytesMut) {
-    const SHORT: usize = 8;
     if numbers.len() > SHORT {
         array_header(numbers.len(), out);
         integers_in_place(numbers, out);
         return;
     }
-    // The header and SHORT numbers of at most 23 bytes each.
     let mut reply = [0u8; 23 * (SHORT + 1)];
-    let mut at = put_number(&mut reply, 0, b'*', numbers.len() as i64);
-    for &n in numbers {
-        at = put_number(&mut reply, at, b':', n);
-    }
+    let at = put_number(&mut reply, 0, b'*', numbers.len() as i64);
+    let at = put_numbers(&mut reply, at, numbers);
     out.extend_from_slice(&reply[..at]);
 }
 
 /// Appends integers one after another (no array header): the encoding of each
-/// `Frame::Integer`, at most 8 of them, built on the stack and appended at once.
+/// `Frame::Integer`. Up to [`SHORT`] of them at a time are built on the stack and appended
+/// at once.
 pub fn integers_in_place(numbers: &[i64], out: &mut BytesMut) {
-    let mut buf = [0u8; 23 * 8];
-    let mut at = 0;
-    for &n in numbers.iter().take(8) {
-        at = put_number(&mut buf, at, b':', n);
+    for chunk in numbers.chunks(SHORT) {
+        let mut buf = [0u8; 23 * SHORT];
+        let at = put_numbers(&mut buf, 0, chunk);
+        out.extend_from_slice(&buf[..at]);
     }
-    out.extend_from_slice(&buf[..at]);
-    for &n in numbers.iter().skip(8) {
-        number(out, b':', n);
+}
+
+/// How many integers are formatted on the stack at once.
+const SHORT: usize = 8;
+
+/// Writes `:n\r\n` for each of `numbers` (at most 23 bytes each) at `at`; returns the end.
+fn put_numbers(buf: &mut [u8], mut at: usize, numbers: &[i64]) -> usize {
+    for &n in numbers {
+        at = put_number(buf, at, b':', n);
     }
+    at
 }
 
 /// Appends an array's header: `*len`.

@@ -36,6 +36,8 @@ pub async fn run(
     requests: Batch,
     error: Option<ProtocolError>,
     peer: SocketAddr,
+    // `&mut`, not `&`: LocalHistogram is not Sync, and a shared reference held across the
+    // await below would make the connection's future not Send.
     latency: &mut prometheus::local::LocalHistogram,
     calls: &mut LazyTimer,
 ) -> BatchOutput {

@@ -1,10 +1,11 @@
 //! RESP2 frames and the incremental parser of client requests.
 //!
 //! Clients send either an array of bulk strings (`*2\r\n$4\r\nECHO\r\n$2\r\nhi\r\n`) or an
-//! inline command (`ECHO hi\r\n`, as telnet sends). [`parse_request`] takes whatever has
-//! arrived in the connection's buffer and returns the first complete request, or `None` when
-//! more bytes are needed; it never consumes a partial frame, so it can simply be called again
-//! after the next read.
+//! inline command (`ECHO hi\r\n`, as telnet sends). [`take_batch`] takes whatever has
+//! arrived in the connection's buffer and returns every complete request in it as one
+//! [`Batch`] (the server's parser); [`parse_request`] returns only the first, or `None` when
+//! more bytes are needed. Neither consumes a partial frame, so either can simply be called
+//! again after the next read.
 //!
 //! The parser is where hostile input meets the node, so it trusts no declared length: a
 //! length is checked against [`Limits`] as soon as its header is read, before any byte of the
@@ -149,6 +150,14 @@ impl Arg {
             Arg::Own(b) => b,
         }
     }
+
+    /// The argument as bytes of its own, sharing `data`'s memory where it lies in it.
+    fn to_bytes(&self, data: &Bytes) -> Bytes {
+        match self {
+            Arg::At(r) => data.slice(r.clone()),
+            Arg::Own(b) => b.clone(),
+        }
+    }
 }
 
 /// Complete requests taken out of a connection's buffer together: their bytes, split off the
@@ -183,14 +192,14 @@ impl Batch {
         );
     }
 
-    /// Every request's arguments as owned bytes (for tests and the fuzzer).
+    /// Every request's arguments as bytes of their own (for tests and the fuzzer).
     pub fn to_vecs(&self) -> Vec<Vec<Bytes>> {
         self.requests
             .iter()
             .map(|r| {
                 self.args[r.clone()]
                     .iter()
-                    .map(|a| Bytes::copy_from_slice(a.in_(&self.data)))
+                    .map(|a| a.to_bytes(&self.data))
                     .collect()
             })
             .collect()
@@ -207,10 +216,8 @@ pub fn take_batch(
     limits: &Limits,
     max: usize,
 ) -> (Batch, Option<ProtocolError>) {
-    // Sized from the bytes at hand (an argument takes 6 bytes or more in an array, a
-    // CL.THROTTLE request about 60), so a pipelined batch rarely grows them.
-    let mut args = Vec::with_capacity((buf.len() / 8).min(4096));
-    let mut requests = Vec::with_capacity((buf.len() / 32).min(max));
+    let mut args = Vec::new();
+    let mut requests: Vec<Range<usize>> = Vec::new();
     let mut pos = 0;
     let mut error = None;
     while requests.len() < max {
@@ -220,6 +227,15 @@ pub fn take_batch(
                 pos += len;
                 if args.len() == first {
                     continue;
+                }
+                if requests.is_empty() {
+                    // Sized from the bytes after the first complete request (an argument
+                    // takes 6 bytes or more in an array, a CL.THROTTLE request about 60),
+                    // so a pipelined batch rarely grows them; nothing is reserved for a
+                    // request that is still arriving.
+                    let rest = buf.len() - pos;
+                    args.reserve((rest / 8).min(4096));
+                    requests.reserve((rest / 32).min(max) + 1);
                 }
                 requests.push(first..args.len());
                 if args[first].in_(buf).eq_ignore_ascii_case(b"QUIT") {
@@ -237,7 +253,13 @@ pub fn take_batch(
             }
         }
     }
-    let data = buf.split_to(pos).freeze();
+    // Nothing complete: nothing split off, so the buffer stays unshared and the next read
+    // can reuse its memory in place.
+    let data = if pos == 0 {
+        Bytes::new()
+    } else {
+        buf.split_to(pos).freeze()
+    };
     (
         Batch {
             data,
@@ -248,7 +270,8 @@ pub fn take_batch(
     )
 }
 
-/// Takes the first complete request out of `buf`: its arguments, which share `buf`'s memory.
+/// Takes the first complete request out of `buf`: its arguments (those of an array share
+/// `buf`'s memory).
 ///
 /// `Ok(None)`: no complete request yet (nothing is consumed). Empty requests (`*0`, blank
 /// inline lines) are consumed and skipped, as Redis does. After an error the buffer's content
@@ -267,14 +290,7 @@ pub fn parse_request(
         if args.is_empty() {
             continue;
         }
-        let args = args
-            .into_iter()
-            .map(|a| match a {
-                Arg::At(r) => frame.slice(r),
-                Arg::Own(b) => b,
-            })
-            .collect();
-        return Ok(Some(args));
+        return Ok(Some(args.iter().map(|a| a.to_bytes(&frame)).collect()));
     }
 }
 
@@ -376,7 +392,7 @@ fn header(
     let rest = buf.get(from..).unwrap_or_default();
     // The usual header: up to 18 digits (no overflow possible), then CRLF. Read in one pass;
     // anything else (a sign, a long or bad number, a line still arriving) takes the strict
-    // path below. Headers are a third of a pipelined CL.THROTTLE's parsing.
+    // path. Headers were a third of a pipelined CL.THROTTLE's parsing.
     let mut n: i64 = 0;
     for (i, &b) in rest.iter().enumerate().take(19) {
         match b {
@@ -387,6 +403,16 @@ fn header(
             _ => break,
         }
     }
+    strict_header(buf, from, bad)
+}
+
+/// [`header`] without its fast path: every header line, whatever it holds.
+fn strict_header(
+    buf: &[u8],
+    from: usize,
+    bad: ProtocolError,
+) -> Result<Option<(i64, usize)>, ProtocolError> {
+    let rest = buf.get(from..).unwrap_or_default();
     let window = &rest[..rest.len().min(MAX_HEADER + 1)];
     let Some(cr) = window.iter().position(|&b| b == b'\r') else {
         return if rest.len() > MAX_HEADER {
@@ -539,6 +565,10 @@ mod tests {
         assert_eq!(args, [&b"ECHO"[..], b"a b", b"c"]);
         assert_eq!(&buf[..], b"*2\r\n$4");
         assert_eq!(buf, one_by_one);
+        // Nothing complete: nothing split off (the buffer is not shared with the batch).
+        let (batch, error) = take_batch(&mut buf, &LIMITS, 10);
+        assert!(batch.is_empty() && batch.data.is_empty() && error.is_none());
+        assert_eq!(&buf[..], b"*2\r\n$4");
     }
 
     #[test]
@@ -638,6 +668,33 @@ mod tests {
             Err(ProtocolError::InlineTooLong { max: 16 })
         );
         assert_eq!(parse_all(b"0123456789abcdef"), Ok(vec![]));
+    }
+
+    #[test]
+    fn the_header_fast_path_reads_what_the_strict_path_reads() {
+        let mut lines: Vec<Vec<u8>> = Vec::new();
+        for digits in 0..=24 {
+            let number: String = (0..digits)
+                .map(|i| char::from(b'0' + (i * 7 % 10) as u8))
+                .collect();
+            for prefix in ["", "-", "+", "0", " "] {
+                for end in ["\r\n", "\r", "", "\rx", "\n", "x\r\n", "\r\n*"] {
+                    lines.push(format!("*{prefix}{number}{end}").into_bytes());
+                }
+            }
+        }
+        lines.push(b"*9223372036854775807\r\n".to_vec());
+        lines.push(b"*999999999999999999\r\n".to_vec());
+        lines.push(b"*9999999999999999999\r\n".to_vec());
+        for line in lines {
+            let bad = ProtocolError::InvalidMultibulkLength;
+            assert_eq!(
+                header(&line, 1, bad.clone()),
+                strict_header(&line, 1, bad),
+                "{:?}",
+                String::from_utf8_lossy(&line)
+            );
+        }
     }
 
     #[test]
