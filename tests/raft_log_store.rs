@@ -131,10 +131,10 @@ fn open(dir: &Path, options: WalOptions) -> NodeLog {
 fn entry(term: u64, index: u64) -> Entry {
     let payload = match index % 3 {
         0 => EntryPayload::Blank,
-        1 => EntryPayload::Normal(Batch {
+        1 => EntryPayload::Normal(std::sync::Arc::new(Batch {
             time: index * 1_000,
             commands: vec![Command::Evict],
-        }),
+        })),
         _ => EntryPayload::Membership(Membership::new(vec![BTreeSet::from([1, 2, 3])], None)),
     };
     Entry {

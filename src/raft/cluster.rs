@@ -967,7 +967,7 @@ async fn propose_loop(cluster: Arc<Cluster>, group: Arc<Group>) {
         };
         group.proposed.fetch_add(1, Ordering::Relaxed);
         let guessed = spec.as_mut().map(|s| s.state.apply(&batch));
-        let submitted = group.raft.client_write_ff(batch).await;
+        let submitted = group.raft.client_write_ff(Arc::new(batch)).await;
         if submitted.is_err() {
             spec = None;
         }

@@ -248,7 +248,7 @@ impl RaftStateMachine<TypeConfig> for ShardMachine {
                     let applies = match &self.hooks.unsafe_apply_local_clock {
                         // Negative control only: decide at this node's own clock reading.
                         Some(clock) => {
-                            let mut local = batch.clone();
+                            let mut local = crate::shard::command::Batch::clone(&batch);
                             local.time = clock.monotonic();
                             Applies(state.apply(&local))
                         }
@@ -267,7 +267,7 @@ impl RaftStateMachine<TypeConfig> for ShardMachine {
                     group: self.group,
                     term: entry.log_id.leader_id.term,
                     index: entry.log_id.index,
-                    batch: batch.as_ref(),
+                    batch: batch.as_deref(),
                     results: &applies.0,
                 });
             }

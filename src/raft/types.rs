@@ -1,7 +1,7 @@
 //! The Raft type configuration shared by every shard group.
 //!
-//! A log entry's payload is a shard [`Batch`] (commands with their shard time); applying it
-//! answers one [`Applied`] per command. Node ids are `u64`; a node's address is the peer
+//! A log entry's payload is a shard [`Batch`] (commands with their shard time) behind an
+//! `Arc` ([`LogBatch`]); applying it answers one [`Applied`] per command. Node ids are `u64`; a node's address is the peer
 //! address in [`openraft::BasicNode`].
 //!
 //! The async runtime is tokio's with one change, [`SeededRuntime`]: openraft draws election
@@ -17,6 +17,13 @@ use std::future::Future;
 use std::io::Cursor;
 use std::time::Duration;
 
+/// A log entry's payload. openraft clones entries as it moves them (each replication
+/// stream, the apply of committed entries): behind an `Arc` a clone is a reference count,
+/// where cloning the commands (a key string each) was 5% of a 3-node cluster's CPU under
+/// pipelined load. serde writes an `Arc<T>` as its `T`: the log and the wire keep their
+/// format.
+pub type LogBatch = std::sync::Arc<Batch>;
+
 /// What applying one batch answered, in the batch's order.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Applies(pub Vec<Applied>);
@@ -24,7 +31,7 @@ pub struct Applies(pub Vec<Applied>);
 openraft::declare_raft_types!(
     /// quorate's Raft types.
     pub TypeConfig:
-        D = Batch,
+        D = LogBatch,
         R = Applies,
         NodeId = u64,
         Node = openraft::BasicNode,
