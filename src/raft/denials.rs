@@ -22,8 +22,10 @@ use crate::limiter::{Decision, Limit, Nanos, Outcome};
 use crate::shard::command::{Applied, Command};
 use std::sync::{Mutex, MutexGuard};
 
-/// foldhash, as the shard tables (SipHash showed in profiles of the forwarding path), seeded
-/// at random per process so chosen keys cannot target its buckets.
+/// foldhash, as the shard tables (SipHash showed in profiles of the forwarding path). Its
+/// seed differs per process and per map (addresses and time, not the OS's randomness):
+/// foldhash claims only minimal resistance to chosen keys, the same trade as the shard
+/// tables, and the map is bounded (`--denial-cache`).
 type HashMap<K, V> = std::collections::HashMap<K, V, foldhash::fast::RandomState>;
 
 /// Denials shorter than this are not kept: the next check would likely miss them anyway.

@@ -4,8 +4,8 @@
 //! count grows from `n` to `n + 1` only `1/(n+1)` of keys move (Lamping & Veach, 2014). Why
 //! FNV-1a: a hash that is the same on every node, build and version (routing must agree
 //! across a cluster); std's `DefaultHasher` promises neither. The per-shard tables use a
-//! randomly seeded hasher, so attacker-chosen keys can skew shard load but not degrade the
-//! tables themselves.
+//! hasher seeded per process (see `shard::state`), so keys chosen offline can skew shard
+//! load but not degrade the tables themselves.
 
 /// A stable 64-bit FNV-1a hash.
 pub fn fnv1a(bytes: &[u8]) -> u64 {

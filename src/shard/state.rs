@@ -9,8 +9,10 @@ use crate::limiter::{Decision, KeyState, Limit, Nanos, Outcome, SECOND};
 use crate::policy::OnUnavailable;
 use std::collections::VecDeque;
 
-/// The shard tables' hash map: foldhash is several times faster than SipHash on short keys
-/// and still seeded at random per process, so chosen keys cannot target its buckets.
+/// The shard tables' hash map: foldhash is several times faster than SipHash on short keys.
+/// Its seed differs per process and per map (from addresses and time, not the OS's
+/// randomness), so a key set chosen offline does not collide here; foldhash itself claims
+/// only minimal resistance to an attacker who can probe a running node.
 type HashMap<K, V> = std::collections::HashMap<K, V, foldhash::fast::RandomState>;
 
 /// A key's state and the limit that last decided it (eviction asks the limit whether the
