@@ -67,13 +67,28 @@ pub async fn handle<S: Stream>(
     let (stopping, stop) = shutdown.split();
     let mut stop = std::pin::pin!(stop);
     let mut buf = BytesMut::new();
+    // When the last read completed (the clock reading its idle restart took), if no batch
+    // has used it yet: requests it completed arrived then.
+    let mut arrived = None;
     loop {
         if stopping() {
             return;
         }
         let (requests, error) = take_batch(&mut buf, &limits, MAX_BATCH);
         if !requests.is_empty() || error.is_some() {
-            let out = exec::run(&service, requests, error, peer, &mut latency, &mut calls).await;
+            let started = arrived
+                .take()
+                .unwrap_or_else(|| service.clock().monotonic());
+            let out = exec::run(
+                &service,
+                requests,
+                error,
+                peer,
+                &mut latency,
+                &mut calls,
+                started,
+            )
+            .await;
             let sent = idle
                 .bound(async {
                     stream.write_all(&out.bytes).await?;
@@ -105,6 +120,7 @@ pub async fn handle<S: Stream>(
                 peer,
                 &mut latency,
                 &mut calls,
+                service.clock().monotonic(),
             )
             .await;
             let _ = idle.bound(stream.write_all(&out.bytes)).await;
@@ -112,13 +128,21 @@ pub async fn handle<S: Stream>(
         }
         buf.reserve(room);
         let mut limited = (&mut stream).take(room as u64);
+        // The read first: a ready read does not poll the stop signal (a lock in the
+        // broadcast channel, per read, in profiles); the loop's `stopping()` check above
+        // still sees a shutdown between reads, and a waiting read still sees it here.
         let read = tokio::select! {
+            biased;
             r = idle.bound(limited.read_buf(&mut buf)) => r,
             _ = &mut stop => return,
         };
         match read {
             Some(Ok(0)) => return,
-            Some(Ok(_)) => idle.restart(),
+            Some(Ok(_)) => {
+                let now = service.clock().monotonic();
+                idle.restart_at(now);
+                arrived = Some(now);
+            }
             Some(Err(e)) => {
                 tracing::debug!(api = "resp", %peer, "closing: read failed: {e}");
                 return;

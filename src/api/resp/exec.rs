@@ -27,7 +27,9 @@ enum Slot {
     Check(CheckReply),
 }
 
-/// Answers `requests` in order, then `error` (if the parser stopped on one). `latency` is
+/// Answers `requests` in order, then `error` (if the parser stopped on one). `started` is the
+/// service clock's reading when the requests arrived (the connection read it anyway, for its
+/// idle timer); decision latencies run from it. `latency` is
 /// the connection's local handle on the RESP decision-latency histogram: a batch's
 /// observations reach the shared histogram with one flush (a handful of atomic adds, not
 /// three per decision).
@@ -40,8 +42,8 @@ pub async fn run(
     // await below would make the connection's future not Send.
     latency: &mut prometheus::local::LocalHistogram,
     calls: &mut LazyTimer,
+    started: crate::limiter::Nanos,
 ) -> BatchOutput {
-    let started = service.clock().monotonic();
     let mut slots = Vec::with_capacity(requests.len() + 1);
     let mut checks: Vec<CheckRequest> = Vec::with_capacity(requests.len());
     let mut close = false;
@@ -75,7 +77,7 @@ pub async fn run(
     let mut answers = if checks.is_empty() {
         Vec::new()
     } else {
-        service.check_many_timed(checks, calls).await
+        service.check_many_timed(checks, calls, started).await
     }
     .into_iter();
     if n_checks > 0 {

@@ -216,7 +216,12 @@ pub fn take_batch(
     limits: &Limits,
     max: usize,
 ) -> (Batch, Option<ProtocolError>) {
-    let mut args = Vec::new();
+    if buf.is_empty() {
+        return (Batch::default(), None);
+    }
+    // Room for one usual request (CL.THROTTLE has 6 arguments); more is reserved once one
+    // is complete.
+    let mut args = Vec::with_capacity(8);
     let mut requests: Vec<Range<usize>> = Vec::new();
     let mut pos = 0;
     let mut error = None;
