@@ -236,8 +236,8 @@ pub fn take_batch(
                 if requests.is_empty() {
                     // Sized from the bytes after the first complete request (an argument
                     // takes 6 bytes or more in an array, a CL.THROTTLE request about 60),
-                    // so a pipelined batch rarely grows them; nothing is reserved for a
-                    // request that is still arriving.
+                    // so a pipelined batch rarely grows them; a request still arriving
+                    // gets no more than the room for one request's arguments above.
                     let rest = buf.len() - pos;
                     args.reserve((rest / 8).min(4096));
                     requests.reserve((rest / 32).min(max) + 1);
