@@ -248,7 +248,7 @@ impl RaftStateMachine<TypeConfig> for ShardMachine {
                     let applies = match &self.hooks.unsafe_apply_local_clock {
                         // Negative control only: decide at this node's own clock reading.
                         Some(clock) => {
-                            let mut local = crate::shard::command::Batch::clone(&batch);
+                            let mut local = (*batch).clone();
                             local.time = clock.monotonic();
                             Applies(state.apply(&local))
                         }

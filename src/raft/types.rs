@@ -1,8 +1,8 @@
 //! The Raft type configuration shared by every shard group.
 //!
 //! A log entry's payload is a shard [`Batch`] (commands with their shard time) behind an
-//! `Arc` ([`LogBatch`]); applying it answers one [`Applied`] per command. Node ids are `u64`; a node's address is the peer
-//! address in [`openraft::BasicNode`].
+//! `Arc` ([`LogBatch`]); applying it answers one [`Applied`] per command. Node ids are
+//! `u64`; a node's address is the peer address in [`openraft::BasicNode`].
 //!
 //! The async runtime is tokio's with one change, [`SeededRuntime`]: openraft draws election
 //! timeouts from the runtime's `thread_rng`, and ours is seeded from the node's seed (the

@@ -81,27 +81,17 @@ fn put_number(buf: &mut [u8], mut at: usize, kind: u8, n: i64) -> usize {
         at += 1;
     }
     let mut v = n.unsigned_abs();
-    // Most numbers of a reply are below 100: no logarithm, no loop.
-    if v < 10 {
-        buf[at] = b'0' + v as u8;
-        buf[at + 1..at + 3].copy_from_slice(b"\r\n");
-        return at + 3;
+    // Digits counted by division, not a logarithm: most numbers of a reply are below 100.
+    let mut digits = 1;
+    let mut rest = v / 10;
+    while rest > 0 {
+        digits += 1;
+        rest /= 10;
     }
-    if v < 100 {
-        buf[at] = b'0' + (v / 10) as u8;
-        buf[at + 1] = b'0' + (v % 10) as u8;
-        buf[at + 2..at + 4].copy_from_slice(b"\r\n");
-        return at + 4;
-    }
-    let end = at + v.checked_ilog10().unwrap_or(0) as usize + 1;
-    let mut i = end;
-    loop {
-        i -= 1;
+    let end = at + digits;
+    for i in (at..end).rev() {
         buf[i] = b'0' + (v % 10) as u8;
         v /= 10;
-        if v == 0 {
-            break;
-        }
     }
     buf[end] = b'\r';
     buf[end + 1] = b'\n';
