@@ -29,17 +29,23 @@
 //! - `save_vote` returns only after its record is durable.
 //! - `append` returns once the entries are in memory and queued; its callback is called by the
 //!   WAL writer only after the sync that made them durable.
-//! - `truncate`, `purge` and `save_committed` do not wait, and cause no sync of their own
+//! - `truncate` and `purge` do not wait, and cause no sync of their own
 //!   ([`crate::wal::Reserved::submit_unsynced`]): they are written in their place in the
 //!   stream and made durable by the next append's sync. The WAL is one ordered stream and
 //!   what survives a crash is a prefix of it, so a truncation is durable no later than the
 //!   first append after it (that append's callback is what openraft waits for): a crash either
 //!   keeps both or loses the append too, and the log never shows new entries on top of ones
 //!   that were meant to be deleted. A lost purge only brings back entries the state machine
-//!   already covers; a lost committed id only means less is re-applied at restart. Neither can
-//!   outlive the entries it refers to, which are earlier in the stream. (A committed id used
-//!   to cost a sync of its own after every entry on every node: about 40% of the syncs in
-//!   the cluster benchmark.)
+//!   already covers.
+//! - `save_committed` does not even queue a submission: the id is left with the WAL
+//!   ([`crate::wal::Wal::defer_latest`], the latest per group) and written after the
+//!   writer's next batch of any group, or at close. openraft saves it after every commit on
+//!   every node; as its own submission it cost each node a wake of the WAL thread and a
+//!   write per entry. openraft saves a committed id only once the entries it names are
+//!   appended and synced here, so the record follows them in the stream wherever it lands.
+//!   A lost committed id only means less is re-applied at restart (the next leader's first
+//!   commit covers the rest). (It used to cost a sync of its own after every entry on every
+//!   node: about 40% of the syncs in the cluster benchmark.)
 //! - A crash inside one append's submission keeps a prefix of its entries: a shorter log with
 //!   no hole, which is a state Raft already handles (the callback was never called).
 //!
@@ -464,11 +470,16 @@ impl RaftLogStorage<TypeConfig> for GroupLog {
 
     async fn save_committed(&mut self, committed: Option<LogId<NodeId>>) -> StorageResult<()> {
         let fail = |e| storage_error(ErrorSubject::Store, ErrorVerb::Write, e);
-        let batch = self.one_record(kind::COMMITTED, &committed).map_err(fail)?;
-        // Not awaited, and no sync of its own: see the module docs.
-        self.write_unsynced(batch, |s| s.committed = committed)
-            .await
-            .map_err(fail)
+        let bytes = encode(&committed).map_err(fail)?;
+        // Not awaited, no sync and no submission of its own: it rides on the WAL's next
+        // batch (see the module docs). Under the group's lock, so memory and the deferred
+        // record agree.
+        let mut state = lock(&self.state);
+        self.wal
+            .defer_latest(self.group, kind::COMMITTED, &bytes)
+            .map_err(fail)?;
+        state.committed = committed;
+        Ok(())
     }
 
     async fn read_committed(&mut self) -> StorageResult<Option<LogId<NodeId>>> {

@@ -13,7 +13,8 @@
 //!   [`Reserved::submit_then`] calls a function instead (on the writer thread). [`Wal::append`]
 //!   is the one-record, wait-for-it form. [`Reserved::submit_unsynced`] enqueues records that
 //!   nobody waits for and that cause no sync of their own: they become durable with the next
-//!   sync any later submission causes.
+//!   sync any later submission causes. [`Wal::defer_latest`] does not even queue: its record
+//!   (the latest per group and kind) is written after the writer's next batch, or at close.
 //! - Completions come in queue order, and one sync covers everything written before it, so a
 //!   completed submission vouches for every earlier one: the log on disk is always a *prefix*
 //!   of the submission stream.
@@ -441,6 +442,28 @@ impl Wal {
             stats.appends.load(Ordering::Relaxed),
             stats.syncs.load(Ordering::Relaxed),
         )
+    }
+
+    /// Leaves a record to ride on the writer's next batch, written after that batch's
+    /// submissions, without waking the writer or queueing a submission; it is durable with
+    /// the next sync after that. A later record of the same `(group, kind)` not yet written
+    /// replaces it, so only the latest is written. The writer's close writes what is left.
+    ///
+    /// For a record nobody waits for, whose value supersedes the earlier ones, and which
+    /// refers only to records already durable when it is deferred (the Raft log's committed
+    /// id: openraft saves it after the entries it names were appended and synced). Written
+    /// later than its call, it can still only follow those records in the stream. A crash
+    /// may lose it; so may it lose an unsynced submission.
+    pub fn defer_latest(&self, group: u64, kind: u8, bytes: &[u8]) -> io::Result<()> {
+        let mut one = self.batch();
+        one.push(group, kind, bytes)?;
+        self.inner
+            .shared
+            .deferred
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .insert((group, kind), one.frames);
+        Ok(())
     }
 
     /// Compactions done since open.

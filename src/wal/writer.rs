@@ -16,6 +16,7 @@
 //! Compaction runs here too, between batches, so no append can slip between the checkpoint
 //! and the switch to the new segment (see [`super`] for why that matters).
 
+use std::collections::BTreeMap;
 use std::fs::File;
 use std::io::{self, Seek, SeekFrom, Write};
 use std::path::PathBuf;
@@ -112,6 +113,21 @@ pub struct Shared {
     /// Held by the writer while it writes and syncs a batch; a test holding it stalls the
     /// writer deterministically (see `Wal::hold_writer`).
     pub hold: Mutex<()>,
+    /// Framed records left to ride on the writer's next batch, the latest per (group, kind)
+    /// (see [`super::Wal::defer_latest`]).
+    pub deferred: Mutex<BTreeMap<(u64, u8), Vec<u8>>>,
+}
+
+impl Shared {
+    /// Takes the deferred records, appending their frames to `out`; whether there were any.
+    fn take_deferred(&self, out: &mut Vec<u8>) -> bool {
+        let taken =
+            std::mem::take(&mut *self.deferred.lock().unwrap_or_else(PoisonError::into_inner));
+        for frames in taken.values() {
+            out.extend_from_slice(frames);
+        }
+        !taken.is_empty()
+    }
 }
 
 /// How the writer behaves.
@@ -168,8 +184,7 @@ pub fn spawn_task(
             waiting.push(first);
             writer.write_waiting(&mut rx, &mut waiting, &mut batch);
         }
-        let _ = writer.flush_cache();
-        writer.trim();
+        writer.close(&mut batch);
     });
 }
 
@@ -219,8 +234,7 @@ impl Writer {
             waiting.push(first);
             self.write_waiting(&mut rx, &mut waiting, &mut batch);
         }
-        let _ = self.flush_cache();
-        self.trim();
+        self.close(&mut batch);
     }
 
     /// Whether appends go to zero-filled room (see [`Writer::extend`]).
@@ -310,6 +324,34 @@ impl Writer {
         }
     }
 
+    /// On close: writes what is still deferred (with a sync: a clean close keeps it), the
+    /// `volatile` cache, and trims the zero-filled room.
+    fn close(&mut self, batch: &mut Vec<u8>) {
+        batch.clear();
+        if self.poisoned.is_none() && self.shared.take_deferred(batch) {
+            let _ = self.write_deferred(batch);
+        }
+        let _ = self.flush_cache();
+        self.trim();
+    }
+
+    fn write_deferred(&mut self, batch: &[u8]) -> io::Result<()> {
+        let end = self.segment.len + batch.len() as u64;
+        if self.preallocating() && end > self.allocated {
+            self.extend(end)?;
+        }
+        self.segment.len = end;
+        if self.settings.volatile {
+            self.cache.extend_from_slice(batch);
+            return Ok(());
+        }
+        self.segment.file.write_all(batch)?;
+        if self.settings.sync {
+            self.segment.file.sync_data()?;
+        }
+        Ok(())
+    }
+
     /// Writes out the `volatile` cache (a no-op without it).
     fn flush_cache(&mut self) -> io::Result<()> {
         if !self.cache.is_empty() {
@@ -333,6 +375,10 @@ impl Writer {
         }
         let shared = Arc::clone(&self.shared);
         let _hold = shared.hold.lock().unwrap_or_else(PoisonError::into_inner);
+        // After the requests: a deferred record follows everything submitted before it was
+        // deferred that is not in a later batch (see `Wal::defer_latest` for why that order
+        // is enough).
+        shared.take_deferred(batch);
         let end = self.segment.len + batch.len() as u64;
         if self.preallocating() && end > self.allocated {
             self.extend(end)?;
