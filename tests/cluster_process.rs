@@ -255,10 +255,12 @@ async fn kill_9_of_a_leader_under_load_forgets_no_acknowledged_admission() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn kill_9_under_fast_forgets_at_most_the_entries_in_flight() {
     // consistency = "fast": a leader answers before the entry commits, so a crash may
-    // forget admissions it answered; at most `--pipeline` (default 1) entries of
-    // `--batch-max` decisions per shard (docs/semantics.md). 48 keys over the shards.
+    // forget admissions it answered; at most `--pipeline` (default 1) entries in flight and
+    // the one waiting for its place, of `--batch-max` decisions each, per shard
+    // (docs/semantics.md). 48 keys over the shards.
     let batch_max = 16;
-    let per_shard = batch_max;
+    let pipeline = 1;
+    let per_shard = (pipeline + 1) * batch_max;
     let results = kill_leader_under_load("fastcount", &["--batch-max", "16"]).await;
     let mut forgotten_per_shard: BTreeMap<u64, u64> = BTreeMap::new();
     for (k, (consumed, a, u)) in results.into_iter().enumerate() {

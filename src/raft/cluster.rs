@@ -883,10 +883,6 @@ async fn propose_loop(cluster: Arc<Cluster>, group: Arc<Group>) {
     // Negative control only (see `hooks`): every caller answered early, lease or not.
     let unsafe_early = cluster.config.hooks.unsafe_answer_before_commit;
     loop {
-        let permit = match group.proposer.inflight.clone().acquire_owned().await {
-            Ok(p) => p,
-            Err(_) => return,
-        };
         let pending = loop {
             let taken = group
                 .proposer
@@ -951,7 +947,7 @@ async fn propose_loop(cluster: Arc<Cluster>, group: Arc<Group>) {
         // The speculative state is (re)built only with nothing else in flight, after the
         // state machine has applied everything committed before this term's entries: then
         // the committed state plus what follows is exactly what the log will say.
-        let idle = group.proposer.inflight.available_permits() + 1 >= pipeline;
+        let idle = group.proposer.inflight.available_permits() >= pipeline;
         if spec.as_ref().is_some_and(|s| s.term != term) {
             spec = None;
         }
@@ -965,16 +961,34 @@ async fn propose_loop(cluster: Arc<Cluster>, group: Arc<Group>) {
             time: now,
             commands,
         };
-        group.proposed.fetch_add(1, Ordering::Relaxed);
         let guessed = spec.as_mut().map(|s| s.state.apply(&batch));
-        let submitted = group.raft.client_write_ff(Arc::new(batch)).await;
+        // Fast callers are answered now, from the speculative state, while the lease holds
+        // (a leader cut off from its majority stops answering early within a lease): before
+        // the entry waits for its place in the pipeline, so a fast check taken here does not
+        // also wait for the entry ahead of it to commit. Their admissions are in this entry,
+        // proposed next; a crash before it commits forgets them, as it forgets the entries in
+        // flight (the over-admission bound, docs/semantics.md).
+        if let (Some(results), true) = (guessed, lease) {
+            replies.answer_early(results, answer);
+        }
+        let permit = match group.proposer.inflight.clone().acquire_owned().await {
+            Ok(p) => p,
+            Err(_) => return,
+        };
+        // The entry carries this term's shard time: if the term changed while it waited,
+        // it is not proposed (its callers not yet answered are told it was not submitted).
+        let submitted = if group.raft.metrics().borrow().current_term == term {
+            group.proposed.fetch_add(1, Ordering::Relaxed);
+            group
+                .raft
+                .client_write_ff(Arc::new(batch))
+                .await
+                .map_err(|e| e.to_string())
+        } else {
+            Err("the term changed before the entry was proposed".to_string())
+        };
         if submitted.is_err() {
             spec = None;
-        }
-        // Fast callers are answered now, from the speculative state, while the lease holds
-        // (a leader cut off from its majority stops answering early within a lease).
-        if let (Some(results), true, Ok(_)) = (guessed, lease, &submitted) {
-            replies.answer_early(results, answer);
         }
         let failed = group.spec_failed.clone();
         let lease_from = group.lease_from.clone();
@@ -985,7 +999,7 @@ async fn propose_loop(cluster: Arc<Cluster>, group: Arc<Group>) {
                     Ok(Err(e)) => Err(Proposal::Lost(e.to_string())),
                     Err(_) => Err(Proposal::Lost("raft dropped the entry".into())),
                 },
-                Err(e) => Err(Proposal::NotSubmitted(e.to_string())),
+                Err(why) => Err(Proposal::NotSubmitted(why)),
             };
             drop(permit);
             match result {
