@@ -883,19 +883,29 @@ async fn propose_loop(cluster: Arc<Cluster>, group: Arc<Group>) {
     // Negative control only (see `hooks`): every caller answered early, lease or not.
     let unsafe_early = cluster.config.hooks.unsafe_answer_before_commit;
     loop {
-        let pending = loop {
-            let taken = group
-                .proposer
-                .lane
-                .take(cluster.config.batch_max, |p| p.commands.len());
-            if !taken.is_empty() {
-                break taken;
-            }
+        while !group.proposer.lane.any(|_| true) {
             group.proposer.wake.notified().await;
             if group.raft.metrics().borrow().running_state.is_err() {
                 return;
             }
-        };
+        }
+        // With the pipeline full, strict callers wait for its room in the lane (so the next
+        // entry gathers everything that arrives meanwhile), unless a fast caller waits: then
+        // the callers are taken now and the fast ones answered (below) before the room.
+        let mut permit = group.proposer.inflight.clone().try_acquire_owned().ok();
+        if permit.is_none() && !group.proposer.lane.any(|p| p.fast) {
+            match group.proposer.inflight.clone().acquire_owned().await {
+                Ok(p) => permit = Some(p),
+                Err(_) => return,
+            }
+        }
+        let pending = group
+            .proposer
+            .lane
+            .take(cluster.config.batch_max, |p| p.commands.len());
+        if pending.is_empty() {
+            continue; // not expected: the proposer is the lane's only taker
+        }
         let (term, is_leader, caught_up) = {
             let m = group.raft.metrics();
             let m = m.borrow();
@@ -947,7 +957,8 @@ async fn propose_loop(cluster: Arc<Cluster>, group: Arc<Group>) {
         // The speculative state is (re)built only with nothing else in flight, after the
         // state machine has applied everything committed before this term's entries: then
         // the committed state plus what follows is exactly what the log will say.
-        let idle = group.proposer.inflight.available_permits() >= pipeline;
+        let idle =
+            group.proposer.inflight.available_permits() + usize::from(permit.is_some()) >= pipeline;
         if spec.as_ref().is_some_and(|s| s.term != term) {
             spec = None;
         }
@@ -964,16 +975,19 @@ async fn propose_loop(cluster: Arc<Cluster>, group: Arc<Group>) {
         let guessed = spec.as_mut().map(|s| s.state.apply(&batch));
         // Fast callers are answered now, from the speculative state, while the lease holds
         // (a leader cut off from its majority stops answering early within a lease): before
-        // the entry waits for its place in the pipeline, so a fast check taken here does not
-        // also wait for the entry ahead of it to commit. Their admissions are in this entry,
+        // the entry waits for its place in the pipeline (if it must), so a fast check taken
+        // here does not also wait for the entry ahead of it to commit. Their admissions are in this entry,
         // proposed next; a crash before it commits forgets them, as it forgets the entries in
         // flight (the over-admission bound, docs/semantics.md).
         if let (Some(results), true) = (guessed, lease) {
             replies.answer_early(results, answer);
         }
-        let permit = match group.proposer.inflight.clone().acquire_owned().await {
-            Ok(p) => p,
-            Err(_) => return,
+        let permit = match permit {
+            Some(p) => p,
+            None => match group.proposer.inflight.clone().acquire_owned().await {
+                Ok(p) => p,
+                Err(_) => return,
+            },
         };
         // The entry carries this term's shard time: if the term changed while it waited,
         // it is not proposed (its callers not yet answered are told it was not submitted).

@@ -51,6 +51,11 @@ impl<P> ProposerLane<P> {
         self.queue().push(caller);
     }
 
+    /// Whether any caller waiting in the lane matches `f`.
+    pub fn any(&self, f: impl Fn(&P) -> bool) -> bool {
+        self.queue().iter().any(f)
+    }
+
     /// Commands reserved and not yet taken.
     pub fn queued(&self) -> u64 {
         self.queued.load(Ordering::Relaxed)
