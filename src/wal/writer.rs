@@ -329,24 +329,18 @@ impl Writer {
     fn close(&mut self, batch: &mut Vec<u8>) {
         batch.clear();
         if self.poisoned.is_none() && self.shared.take_deferred(batch) {
-            let _ = self.write_deferred(batch);
+            if let Err(e) = self.write_deferred(batch) {
+                // Poisoned, `trim` leaves the file alone (recovery cuts what was torn).
+                self.poison((e.kind(), e.to_string()));
+            }
         }
         let _ = self.flush_cache();
         self.trim();
     }
 
     fn write_deferred(&mut self, batch: &[u8]) -> io::Result<()> {
-        let end = self.segment.len + batch.len() as u64;
-        if self.preallocating() && end > self.allocated {
-            self.extend(end)?;
-        }
-        self.segment.len = end;
-        if self.settings.volatile {
-            self.cache.extend_from_slice(batch);
-            return Ok(());
-        }
-        self.segment.file.write_all(batch)?;
-        if self.settings.sync {
+        self.write_out(batch)?;
+        if self.settings.sync && !self.settings.volatile {
             self.segment.file.sync_data()?;
         }
         Ok(())
@@ -379,6 +373,21 @@ impl Writer {
         // deferred that is not in a later batch (see `Wal::defer_latest` for why that order
         // is enough).
         shared.take_deferred(batch);
+        self.write_out(batch)?;
+        let stats = &self.shared.stats;
+        if self.settings.sync && waiting.iter().any(|r| r.sync) {
+            self.segment.file.sync_data()?;
+            stats.syncs.fetch_add(1, Ordering::Relaxed);
+        }
+        stats
+            .appends
+            .fetch_add(waiting.len() as u64, Ordering::Relaxed);
+        Ok(())
+    }
+
+    /// Appends `batch` at the end of the segment (into the `volatile` cache in that mode),
+    /// extending the zero-filled room first if needed. No sync.
+    fn write_out(&mut self, batch: &[u8]) -> io::Result<()> {
         let end = self.segment.len + batch.len() as u64;
         if self.preallocating() && end > self.allocated {
             self.extend(end)?;
@@ -395,14 +404,6 @@ impl Writer {
         } else {
             self.segment.file.write_all(batch)?;
         }
-        let stats = &self.shared.stats;
-        if self.settings.sync && waiting.iter().any(|r| r.sync) {
-            self.segment.file.sync_data()?;
-            stats.syncs.fetch_add(1, Ordering::Relaxed);
-        }
-        stats
-            .appends
-            .fetch_add(waiting.len() as u64, Ordering::Relaxed);
         Ok(())
     }
 

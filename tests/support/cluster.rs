@@ -161,10 +161,23 @@ impl Cluster {
         }
     }
 
+    /// Sends `sig` to member `i`. For SIGSTOP it returns only once every thread of the
+    /// process is stopped: kill(2) returns when the signal is queued, and on a busy machine
+    /// a thread can run on for milliseconds (answer a peer, say) before its stop.
     pub fn signal(&self, i: usize, sig: i32) {
         let pid = self.members[i].child.as_ref().unwrap().id() as i32;
         // SAFETY: kill(2) on our own child.
         unsafe { libc_kill(pid, sig) };
+        if sig == SIGSTOP {
+            let started = Instant::now();
+            while !all_threads_stopped(pid) {
+                assert!(
+                    started.elapsed() < Duration::from_secs(10),
+                    "member {i} (pid {pid}) did not stop"
+                );
+                std::thread::sleep(Duration::from_millis(1));
+            }
+        }
     }
 
     /// kill -9: the process dies with whatever it had not written.
@@ -232,6 +245,20 @@ impl Drop for Cluster {
 extern "C" {
     #[link_name = "kill"]
     fn libc_kill(pid: i32, sig: i32) -> i32;
+}
+
+/// Whether every thread of `pid` is in state T (stopped), per /proc/PID/task/*/stat.
+fn all_threads_stopped(pid: i32) -> bool {
+    let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) else {
+        return false;
+    };
+    tasks.flatten().all(|task| {
+        std::fs::read_to_string(task.path().join("stat")).is_ok_and(|stat| {
+            // "pid (comm) S ...": the state follows the last ')'.
+            stat.rsplit_once(')')
+                .is_some_and(|(_, rest)| rest.trim_start().starts_with('T'))
+        })
+    })
 }
 
 pub const SIGSTOP: i32 = 19;
