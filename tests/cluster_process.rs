@@ -789,8 +789,18 @@ fn group_field(cluster: &Cluster, i: usize, field: &str) -> Vec<serde_json::Valu
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_lagging_node_catches_up_by_snapshot_and_every_replica_agrees() {
-    // A snapshot every 20 entries, so the log behind the stopped node is purged.
-    let mut cluster = blocking(|| Cluster::start(3, &policies(), &["--snapshot-every", "20"]));
+    // A snapshot every 20 entries, so the log behind the stopped node is purged. Every check
+    // of the load must be admitted: with one node down both others must store each entry,
+    // so a slow moment on a loaded machine (snapshots every 20 entries, another cluster's
+    // test alongside) must not turn into an `on_unavailable` denial after the default
+    // 500 ms. Availability timing is other tests' subject.
+    let mut cluster = blocking(|| {
+        Cluster::start(
+            3,
+            &policies(),
+            &["--snapshot-every", "20", "--unavailable-after", "5s"],
+        )
+    });
     // The shards node 3 led elect new leaders before the load starts (a stopped leader's
     // shards answer by `on_unavailable` until then).
     blocking(|| {
