@@ -134,6 +134,7 @@ fn entry(term: u64, index: u64) -> Entry {
         1 => EntryPayload::Normal(std::sync::Arc::new(Batch {
             time: index * 1_000,
             commands: vec![Command::Evict],
+            later: Vec::new(),
         })),
         _ => EntryPayload::Membership(Membership::new(vec![BTreeSet::from([1, 2, 3])], None)),
     };

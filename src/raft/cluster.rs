@@ -8,7 +8,10 @@
 //!   so under load the lane fills and entries grow: batching adapts to the load and adds no
 //!   delay when idle. The answer to each command is what applying the COMMITTED entry
 //!   returned on this node, so every answer (admit or deny) is one the majority has durably
-//!   logged: a strict decision is never forgotten by a failover.
+//!   logged: a strict decision is never forgotten by a failover. The exception is a `fast`
+//!   check, answered from the leader's speculative state within its lease: with the
+//!   pipeline full, the next entry stays open and takes callers as they come, each take a
+//!   part with its own shard time, so fast callers never wait for the entry ahead.
 //! - another node leads `g`: the commands are forwarded to it over the peer transport, in
 //!   the caller's batch, with a timeout; a `NotLeader` answer with a hint is followed once.
 //! - no leader or no quorum within `unavailable_after`: each check is answered by its
@@ -684,6 +687,7 @@ impl Cluster {
                                     request_id: None,
                                     on_full: OnUnavailable::Deny,
                                 }],
+                                later: Vec::new(),
                             };
                             match lock(&group.local).apply(&batch).pop() {
                                 Some(Applied::Decided { decision, .. }) => decision,
@@ -704,6 +708,7 @@ impl Cluster {
                     let n = lock(&group.local).apply(&Batch {
                         time: now,
                         commands: vec![Command::Evict],
+                        later: Vec::new(),
                     });
                     n.into_iter().next().unwrap_or(Applied::Evicted(0))
                 }
@@ -871,41 +876,77 @@ struct Speculative {
     state: ShardState,
 }
 
+/// The next entry while the pipeline is full: taken from the lane run by run, each run a
+/// part of the batch decided at its own shard time, its fast callers answered at once.
+struct Open {
+    term: u64,
+    batch: Batch,
+    replies: Replies<oneshot::Sender<Result<Vec<Applied>, Proposal>>>,
+}
+
+impl Open {
+    /// The entry will not be proposed: its callers not answered yet are told so.
+    fn abandon(self, why: &str) {
+        self.replies
+            .complete(Err(Proposal::NotSubmitted(why.into())), answer);
+    }
+}
+
 /// The leader-side batcher of one group: see the module doc.
 async fn propose_loop(cluster: Arc<Cluster>, group: Arc<Group>) {
     let mut time: Option<(u64, ShardTime)> = None;
     let mut spec: Option<Speculative> = None;
     let pipeline = cluster.config.pipeline.max(1);
-    // The lease: a majority acknowledged an entry submitted at `lease_from`, so no other
+    let batch_max = cluster.config.batch_max.max(1);
+    let lane = &group.proposer.lane;
+    // The lease: a majority acknowledged an entry proposed at `lease_from`, so no other
     // leader can be elected before `lease_from + election_min` (followers do not vote while
     // they hear from a leader). 80% of that, for clock-rate differences between nodes.
     let lease_ns = (cluster.config.election_min.as_nanos() as u64).saturating_mul(8) / 10;
     // Negative control only (see `hooks`): every caller answered early, lease or not.
     let unsafe_early = cluster.config.hooks.unsafe_answer_before_commit;
+    let mut open: Option<Open> = None;
     loop {
-        while !group.proposer.lane.any(|_| true) {
-            group.proposer.wake.notified().await;
+        // Wait for work: callers, taken into a new entry when the pipeline has room; with
+        // it full, into the open entry (opened for a fast caller: strict callers alone wait
+        // in the lane, so the next entry gathers everything that arrives meanwhile); or room
+        // for the open entry.
+        let permit = loop {
+            let permit = group.proposer.inflight.clone().try_acquire_owned().ok();
+            let waiting = !lane.is_empty();
+            if permit.is_some() && (waiting || open.is_some()) {
+                break permit;
+            }
+            let room = open.as_ref().map_or(batch_max, |o| {
+                batch_max.saturating_sub(o.batch.commands.len())
+            });
+            if waiting && room > 0 && (open.is_some() || lane.any(|p| p.fast)) {
+                break None;
+            }
+            drop(permit);
+            if waiting || open.is_some() {
+                tokio::select! {
+                    p = group.proposer.inflight.clone().acquire_owned() => match p {
+                        Ok(p) => break Some(p),
+                        Err(_) => return abandon(open, "the proposer stopped"),
+                    },
+                    _ = group.proposer.wake.notified() => {}
+                }
+            } else {
+                group.proposer.wake.notified().await;
+            }
             if group.raft.metrics().borrow().running_state.is_err() {
-                return;
+                return abandon(open, "raft stopped");
             }
-        }
-        // With the pipeline full, strict callers wait for its room in the lane (so the next
-        // entry gathers everything that arrives meanwhile), unless a fast caller waits: then
-        // the callers are taken now and the fast ones answered (below) before the room.
-        let mut permit = group.proposer.inflight.clone().try_acquire_owned().ok();
-        if permit.is_none() && !group.proposer.lane.any(|p| p.fast) {
-            match group.proposer.inflight.clone().acquire_owned().await {
-                Ok(p) => permit = Some(p),
-                Err(_) => return,
-            }
-        }
-        let pending = group
-            .proposer
-            .lane
-            .take(cluster.config.batch_max, |p| p.commands.len());
-        if pending.is_empty() {
-            continue; // not expected: the proposer is the lane's only taker
-        }
+        };
+        let room = open.as_ref().map_or(batch_max, |o| {
+            batch_max.saturating_sub(o.batch.commands.len())
+        });
+        let pending = if room > 0 {
+            lane.take(room, |p| p.commands.len())
+        } else {
+            Vec::new()
+        };
         let (term, is_leader, caught_up) = {
             let m = group.raft.metrics();
             let m = m.borrow();
@@ -925,7 +966,19 @@ async fn propose_loop(cluster: Arc<Cluster>, group: Arc<Group>) {
                     Err(Proposal::NotSubmitted("not the leader".into())),
                 );
             }
+            if let Some(o) = open.take() {
+                o.abandon("not the leader");
+            }
             continue;
+        }
+        // The entry carries this term's shard time: if the term changed while it was open,
+        // it is not proposed.
+        if open.as_ref().is_some_and(|o| o.term != term) {
+            spec = None;
+            abandon(
+                open.take(),
+                "the term changed before the entry was proposed",
+            );
         }
         // A new term: continue the shard time from what this node has applied.
         if time.as_ref().is_none_or(|(t, _)| *t != term) {
@@ -940,57 +993,72 @@ async fn propose_loop(cluster: Arc<Cluster>, group: Arc<Group>) {
         } else {
             pending
         };
-        if pending.is_empty() {
-            continue;
+        if !pending.is_empty() {
+            let taken_at = cluster.clock.monotonic();
+            let lease_from = group.lease_from.load(Ordering::SeqCst);
+            let lease =
+                unsafe_early || (lease_from > 0 && taken_at.saturating_sub(lease_from) < lease_ns);
+            let mut replies = Replies::with_capacity(pending.len());
+            let mut commands = Vec::new();
+            for p in pending {
+                replies.add(p.commands.len(), p.fast || unsafe_early, p.reply);
+                commands.extend(p.commands);
+            }
+            let any_fast = replies.any_early();
+            // The speculative state is (re)built only with nothing else in flight or open,
+            // after the state machine has applied everything committed before this term's
+            // entries: then the committed state plus what follows is exactly what the log
+            // will say.
+            let idle = open.is_none()
+                && group.proposer.inflight.available_permits() + usize::from(permit.is_some())
+                    >= pipeline;
+            if spec.as_ref().is_some_and(|s| s.term != term) {
+                spec = None;
+            }
+            if spec.is_none() && any_fast && idle && group.raft.ensure_linearizable().await.is_ok()
+            {
+                spec = Some(Speculative {
+                    term,
+                    state: lock(&group.info_state).clone(),
+                });
+            }
+            let part = Batch::at(now, commands);
+            let guessed = spec.as_mut().map(|s| s.state.apply(&part));
+            // Fast callers are answered now, from the speculative state, while the lease
+            // holds (a leader cut off from its majority stops answering early within a
+            // lease): whether the entry is proposed now or stays open until the pipeline
+            // has room, so a fast check does not wait for the entry ahead to commit. Their
+            // admissions are in this entry; a crash before it commits forgets them, as it
+            // forgets the entries in flight (the over-admission bound, docs/semantics.md).
+            if let (Some(results), true) = (guessed, lease) {
+                replies.answer_early(results, answer);
+            }
+            match &mut open {
+                Some(o) => {
+                    o.batch.push_part(now, part.commands);
+                    o.replies.append(replies);
+                }
+                None => {
+                    open = Some(Open {
+                        term,
+                        batch: part,
+                        replies,
+                    })
+                }
+            }
         }
-        let submitted_at = cluster.clock.monotonic();
-        let lease_from = group.lease_from.load(Ordering::SeqCst);
-        let lease =
-            unsafe_early || (lease_from > 0 && submitted_at.saturating_sub(lease_from) < lease_ns);
-        let mut replies = Replies::with_capacity(pending.len());
-        let mut commands = Vec::new();
-        for p in pending {
-            replies.add(p.commands.len(), p.fast || unsafe_early, p.reply);
-            commands.extend(p.commands);
-        }
-        let any_fast = replies.any_early();
-        // The speculative state is (re)built only with nothing else in flight, after the
-        // state machine has applied everything committed before this term's entries: then
-        // the committed state plus what follows is exactly what the log will say.
-        let idle =
-            group.proposer.inflight.available_permits() + usize::from(permit.is_some()) >= pipeline;
-        if spec.as_ref().is_some_and(|s| s.term != term) {
-            spec = None;
-        }
-        if spec.is_none() && any_fast && idle && group.raft.ensure_linearizable().await.is_ok() {
-            spec = Some(Speculative {
-                term,
-                state: lock(&group.info_state).clone(),
-            });
-        }
-        let batch = Batch {
-            time: now,
-            commands,
+        // Without room in the pipeline the entry stays open for the next callers.
+        let Some(permit) = permit else { continue };
+        let Some(Open {
+            term,
+            batch,
+            replies,
+        }) = open.take()
+        else {
+            continue; // every caller was denied at once
         };
-        let guessed = spec.as_mut().map(|s| s.state.apply(&batch));
-        // Fast callers are answered now, from the speculative state, while the lease holds
-        // (a leader cut off from its majority stops answering early within a lease): before
-        // the entry waits for its place in the pipeline (if it must), so a fast check taken
-        // here does not also wait for the entry ahead of it to commit. Their admissions are in this entry,
-        // proposed next; a crash before it commits forgets them, as it forgets the entries in
-        // flight (the over-admission bound, docs/semantics.md).
-        if let (Some(results), true) = (guessed, lease) {
-            replies.answer_early(results, answer);
-        }
-        let permit = match permit {
-            Some(p) => p,
-            None => match group.proposer.inflight.clone().acquire_owned().await {
-                Ok(p) => p,
-                Err(_) => return,
-            },
-        };
-        // The entry carries this term's shard time: if the term changed while it waited,
-        // it is not proposed (its callers not yet answered are told it was not submitted).
+        // The lease runs from here: the followers hear of the entry after this instant.
+        let proposed_at = cluster.clock.monotonic();
         let submitted = if group.raft.metrics().borrow().current_term == term {
             group.proposed.fetch_add(1, Ordering::Relaxed);
             group
@@ -1018,7 +1086,7 @@ async fn propose_loop(cluster: Arc<Cluster>, group: Arc<Group>) {
             drop(permit);
             match result {
                 Ok(Applies(applied)) => {
-                    lease_from.fetch_max(submitted_at, Ordering::SeqCst);
+                    lease_from.fetch_max(proposed_at, Ordering::SeqCst);
                     replies.complete(Ok(applied), answer);
                 }
                 Err(why) => {
@@ -1031,6 +1099,13 @@ async fn propose_loop(cluster: Arc<Cluster>, group: Arc<Group>) {
         if group.spec_failed.swap(false, Ordering::SeqCst) {
             spec = None;
         }
+    }
+}
+
+/// Tells the callers of an entry that will not be proposed (if any).
+fn abandon(open: Option<Open>, why: &str) {
+    if let Some(o) = open {
+        o.abandon(why);
     }
 }
 

@@ -51,6 +51,11 @@ impl<P> ProposerLane<P> {
         self.queue().push(caller);
     }
 
+    /// Whether no caller waits in the lane.
+    pub fn is_empty(&self) -> bool {
+        self.queue().is_empty()
+    }
+
     /// Whether any caller waiting in the lane matches `f`.
     pub fn any(&self, f: impl Fn(&P) -> bool) -> bool {
         self.queue().iter().any(f)
@@ -107,6 +112,13 @@ impl<R> Replies<R> {
         self.lengths.push(len);
         self.early.push(early);
         self.replies.push(Some(reply));
+    }
+
+    /// Files `other`'s callers after this table's: their commands follow in the entry.
+    pub fn append(&mut self, other: Replies<R>) {
+        self.lengths.extend(other.lengths);
+        self.early.extend(other.early);
+        self.replies.extend(other.replies);
     }
 
     /// Whether any caller may be answered early.

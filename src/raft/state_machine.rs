@@ -250,6 +250,7 @@ impl RaftStateMachine<TypeConfig> for ShardMachine {
                         Some(clock) => {
                             let mut local = (*batch).clone();
                             local.time = clock.monotonic();
+                            local.later.clear();
                             Applies(state.apply(&local))
                         }
                         None => Applies(state.apply(&batch)),

@@ -92,6 +92,7 @@ impl ShardRun {
         let batch = Batch {
             time: self.time.now(),
             commands,
+            later: Vec::new(),
         };
         let results = {
             let mut state = lock(&self.slot.state);

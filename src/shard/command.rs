@@ -52,35 +52,57 @@ impl Command {
     }
 }
 
-/// Commands applied at one shard time.
+/// Commands applied in order at their shard times: from the first command at `time`, and
+/// from each of `later`'s indexes at its time. A leader whose pipeline is full gathers the
+/// next entry from several takes of its lane, each decided (and its fast callers answered)
+/// at the time of its take; `later` lets the log repeat those times exactly. Empty for a
+/// batch taken at one time.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Batch {
     pub time: Nanos,
     pub commands: Vec<Command>,
+    pub later: Vec<Part>,
 }
 
-/// The result of one command, in the batch's order.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub enum Applied {
-    Decided {
-        decision: Decision,
-        /// Answered from the idempotency table: nothing was consumed now.
-        replayed: bool,
-        /// Answered by `on_full` at the key cap, not by the algorithm.
-        fallback: bool,
-        /// The batch's shard time: what a refund of this admission names.
-        at: Nanos,
-    },
-    Refunded,
-    Evicted(u64),
-}
-
-/// bincode 2's standard configuration: varint integers, little endian.
-fn config() -> bincode::config::Configuration {
-    bincode::config::standard()
+/// Where a batch's shard time moves on: commands from index `from` are applied at `time`
+/// (never earlier than the commands before them: apply keeps time monotonic).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Part {
+    pub from: u32,
+    pub time: Nanos,
 }
 
 impl Batch {
+    /// Commands all applied at `time`.
+    pub fn at(time: Nanos, commands: Vec<Command>) -> Batch {
+        Batch {
+            time,
+            commands,
+            later: Vec::new(),
+        }
+    }
+
+    /// Appends `commands` taken at `time`: a part of its own when the time is past the
+    /// batch's latest (an earlier time is taken as the latest: apply never turns back).
+    pub fn push_part(&mut self, time: Nanos, commands: Vec<Command>) {
+        if commands.is_empty() {
+            return;
+        }
+        let latest = self.last_time();
+        if time > latest {
+            self.later.push(Part {
+                from: self.commands.len() as u32,
+                time,
+            });
+        }
+        self.commands.extend(commands);
+    }
+
+    /// The shard time of the batch's last command (parts are pushed in time order).
+    pub fn last_time(&self) -> Nanos {
+        self.later.last().map_or(self.time, |p| p.time)
+    }
+
     pub fn encode(&self) -> Vec<u8> {
         bincode::serde::encode_to_vec(self, config()).expect("a batch always encodes")
     }
@@ -98,6 +120,28 @@ impl Batch {
         }
         Ok(batch)
     }
+}
+
+/// The result of one command, in the batch's order.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub enum Applied {
+    Decided {
+        decision: Decision,
+        /// Answered from the idempotency table: nothing was consumed now.
+        replayed: bool,
+        /// Answered by `on_full` at the key cap, not by the algorithm.
+        fallback: bool,
+        /// The shard time it was decided at (its part's): what a refund of this
+        /// admission names.
+        at: Nanos,
+    },
+    Refunded,
+    Evicted(u64),
+}
+
+/// bincode 2's standard configuration: varint integers, little endian.
+fn config() -> bincode::config::Configuration {
+    bincode::config::standard()
 }
 
 #[cfg(test)]
@@ -126,8 +170,23 @@ mod tests {
                 },
                 Command::Evict,
             ],
+            later: vec![Part { from: 1, time: 43 }],
         };
         assert_eq!(Batch::decode(&batch.encode()).unwrap(), batch);
+    }
+
+    #[test]
+    fn a_part_taken_at_the_latest_time_joins_it() {
+        let evict = || vec![Command::Evict];
+        let mut batch = Batch::at(5, evict());
+        batch.push_part(5, evict());
+        assert!(batch.later.is_empty());
+        batch.push_part(9, evict());
+        batch.push_part(9, evict());
+        batch.push_part(12, Vec::new());
+        batch.push_part(7, evict());
+        assert_eq!(batch.later, [Part { from: 2, time: 9 }]);
+        assert_eq!((batch.commands.len(), batch.last_time()), (5, 9));
     }
 
     #[test]

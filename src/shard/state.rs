@@ -107,17 +107,25 @@ impl ShardState {
         self.keys.is_empty()
     }
 
-    /// Applies a batch; one result per command, in order.
+    /// Applies a batch; one result per command, in order, each at its part's time.
     pub fn apply(&mut self, batch: &Batch) -> Vec<Applied> {
         // Shard time never runs backwards, whatever the batch says.
         self.time = self.time.max(batch.time);
-        let now = self.time;
-        self.expire_ids(now);
-        batch
-            .commands
-            .iter()
-            .map(|c| self.apply_one(c, now))
-            .collect()
+        self.expire_ids(self.time);
+        let mut parts = batch.later.iter().peekable();
+        let mut out = Vec::with_capacity(batch.commands.len());
+        for (i, c) in batch.commands.iter().enumerate() {
+            let mut moved = false;
+            while let Some(p) = parts.next_if(|p| p.from as usize <= i) {
+                self.time = self.time.max(p.time);
+                moved = true;
+            }
+            if moved {
+                self.expire_ids(self.time);
+            }
+            out.push(self.apply_one(c, self.time));
+        }
+        out
     }
 
     /// What applying `commands` at `now` would answer, if every one is a check without a
@@ -365,6 +373,7 @@ mod tests {
         let exhaust = Batch {
             time: 0,
             commands: vec![check("k", &tb(), 2, None)],
+            later: Vec::new(),
         };
         assert_eq!(decided(&s.apply(&exhaust)[0]).outcome, Outcome::Allowed);
         let digest = s.digest();
@@ -376,6 +385,7 @@ mod tests {
         let applied = s.clone().apply(&Batch {
             time: 0,
             commands: denied,
+            later: Vec::new(),
         });
         assert_eq!(early, applied);
         assert_eq!(decided(&early[1]).outcome, Outcome::Never);
@@ -398,6 +408,7 @@ mod tests {
         let applied = s.clone().apply(&Batch {
             time: 0,
             commands: vec![check("k", &smaller, 1, None)],
+            later: Vec::new(),
         });
         assert_eq!(decided(&applied[0]).outcome, Outcome::Denied);
         assert_eq!(s.denials(&[check("k", &smaller, 1, None)], 0), None);
@@ -412,6 +423,7 @@ mod tests {
         let at = |t, l: &Limit| Batch {
             time: t,
             commands: vec![check("k", l, 2, None)],
+            later: Vec::new(),
         };
         assert!(decided(&s.apply(&at(start, &short))[0]).allowed());
         // The spent count stays (no fresh allowance), for this long window only.
@@ -427,6 +439,7 @@ mod tests {
         let b = |t, id| Batch {
             time: t,
             commands: vec![check("k", &tb(), 1, Some(id))],
+            later: Vec::new(),
         };
         let first = s.apply(&b(0, "r1"));
         let again = s.apply(&b(1, "r1"));
@@ -436,6 +449,7 @@ mod tests {
         let peek = s.apply(&Batch {
             time: 1,
             commands: vec![check("k", &tb(), 0, None)],
+            later: Vec::new(),
         });
         assert_eq!(decided(&peek[0]).remaining, 1);
     }
@@ -447,6 +461,7 @@ mod tests {
             s.apply(&Batch {
                 time: t,
                 commands: vec![check(key, &tb(), 1, Some(&format!("{key}{t}")))],
+                later: Vec::new(),
             });
         }
         let copy = ShardState::from_image(&s.image(), bounds(10)).unwrap();
@@ -456,6 +471,7 @@ mod tests {
             st.apply(&Batch {
                 time: 3,
                 commands: vec![check("a", &tb(), 1, Some("a0")), check("b", &tb(), 2, None)],
+                later: Vec::new(),
             })
         };
         let mut copy = copy;
@@ -469,10 +485,12 @@ mod tests {
         s.apply(&Batch {
             time: 0,
             commands: vec![check("k", &tb(), 1, Some("r"))],
+            later: Vec::new(),
         });
         let later = s.apply(&Batch {
             time: 11 * SECOND,
             commands: vec![check("k", &tb(), 1, Some("r"))],
+            later: Vec::new(),
         });
         assert!(matches!(
             later[0],
@@ -489,10 +507,12 @@ mod tests {
         s.apply(&Batch {
             time: 0,
             commands: vec![check("a", &tb(), 1, None)],
+            later: Vec::new(),
         });
         let r = s.apply(&Batch {
             time: 0,
             commands: vec![check("b", &tb(), 1, None), check("a", &tb(), 1, None)],
+            later: Vec::new(),
         });
         assert!(matches!(r[0], Applied::Decided { fallback: true, .. }));
         assert!(!decided(&r[0]).allowed());
@@ -506,6 +526,7 @@ mod tests {
         s.apply(&Batch {
             time: 0,
             commands: vec![check("a", &tb(), 0, None), check("b", &tb(), 3, None)],
+            later: Vec::new(),
         });
         assert!(s.is_empty());
     }
@@ -516,21 +537,25 @@ mod tests {
         s.apply(&Batch {
             time: 0,
             commands: vec![check("a", &tb(), 2, None)],
+            later: Vec::new(),
         });
         s.apply(&Batch {
             time: SECOND,
             commands: vec![check("b", &tb(), 2, None)],
+            later: Vec::new(),
         });
         // At 2 s, "a" has refilled both tokens (fresh); "b" still misses one.
         let r = s.apply(&Batch {
             time: 2 * SECOND,
             commands: vec![Command::Evict],
+            later: Vec::new(),
         });
         assert_eq!(r[0], Applied::Evicted(1));
         assert_eq!(s.len(), 1);
         let d = s.apply(&Batch {
             time: 2 * SECOND,
             commands: vec![check("b", &tb(), 0, None)],
+            later: Vec::new(),
         });
         assert_eq!(decided(&d[0]).remaining, 1, "b kept its state");
     }
@@ -541,6 +566,7 @@ mod tests {
         s.apply(&Batch {
             time: 5,
             commands: vec![check("a", &tb(), 2, None)],
+            later: Vec::new(),
         });
         s.apply(&Batch {
             time: 5,
@@ -550,12 +576,58 @@ mod tests {
                 cost: 2,
                 admitted_at: 5,
             }],
+            later: Vec::new(),
         });
         let d = s.apply(&Batch {
             time: 5,
             commands: vec![check("a", &tb(), 2, None)],
+            later: Vec::new(),
         });
         assert!(decided(&d[0]).allowed());
+    }
+
+    /// An entry gathered in parts (the proposer's open entry) applies each part at its own
+    /// time, as the leader decided it: the same answers and state as one batch per part,
+    /// and a part after a window boundary counts in the new window.
+    #[test]
+    fn a_batch_in_parts_applies_each_part_at_its_time() {
+        let window = Limit::new(Algorithm::FixedWindow, 2, SECOND, 2).unwrap();
+        let parts = [
+            (SECOND - 10, vec![check("w", &window, 2, None)]),
+            (SECOND - 5, vec![check("w", &window, 1, None)]),
+            (
+                SECOND + 5,
+                vec![check("w", &window, 2, None), check("t", &tb(), 1, None)],
+            ),
+        ];
+        let mut one = ShardState::new(bounds(10));
+        let mut each = ShardState::new(bounds(10));
+        let mut batch = Batch::at(parts[0].0, Vec::new());
+        let mut expected = Vec::new();
+        for (t, commands) in &parts {
+            batch.push_part(*t, commands.clone());
+            expected.extend(each.apply(&Batch::at(*t, commands.clone())));
+        }
+        assert_eq!(batch.later.len(), 2);
+        let applied = one.apply(&Batch::decode(&batch.encode()).unwrap());
+        assert_eq!(applied, expected);
+        let outcomes: Vec<bool> = applied.iter().map(|a| decided(a).allowed()).collect();
+        // Full at SECOND - 10, denied at SECOND - 5, a new window at SECOND + 5.
+        assert_eq!(outcomes, [true, false, true, true]);
+        let ats: Vec<Nanos> = applied
+            .iter()
+            .map(|a| match a {
+                Applied::Decided { at, .. } => *at,
+                other => panic!("not a decision: {other:?}"),
+            })
+            .collect();
+        assert_eq!(ats, [SECOND - 10, SECOND - 5, SECOND + 5, SECOND + 5]);
+        assert_eq!(one.digest(), each.digest());
+        assert_eq!(one.time(), batch.last_time());
+        // Read as one time (the format without parts), the boundary would be missed.
+        let mut flat = ShardState::new(bounds(10));
+        let flat_applied = flat.apply(&Batch::at(batch.time, batch.commands.clone()));
+        assert!(!decided(&flat_applied[2]).allowed());
     }
 
     #[test]
@@ -567,6 +639,7 @@ mod tests {
                     check(&format!("k{}", i % 7), &tb(), 1 + i % 2, None),
                     Command::Evict,
                 ],
+                later: Vec::new(),
             })
             .collect();
         let (mut a, mut b) = (ShardState::new(bounds(100)), ShardState::new(bounds(100)));
@@ -584,10 +657,12 @@ mod tests {
         s.apply(&Batch {
             time: 100,
             commands: vec![],
+            later: Vec::new(),
         });
         s.apply(&Batch {
             time: 50,
             commands: vec![],
+            later: Vec::new(),
         });
         assert_eq!(s.time(), 100);
     }
