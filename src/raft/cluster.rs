@@ -926,6 +926,7 @@ async fn propose_loop(cluster: Arc<Cluster>, group: Arc<Group>) {
             drop(permit);
             if waiting || open.is_some() {
                 tokio::select! {
+                    biased; // room first; and no draw from the runtime's RNG
                     p = group.proposer.inflight.clone().acquire_owned() => match p {
                         Ok(p) => break Some(p),
                         Err(_) => return abandon(open, "the proposer stopped"),
