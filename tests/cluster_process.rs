@@ -256,8 +256,9 @@ async fn kill_9_of_a_leader_under_load_forgets_no_acknowledged_admission() {
 async fn kill_9_under_fast_forgets_at_most_the_entries_in_flight() {
     // consistency = "fast": a leader answers before the entry commits, so a crash may
     // forget admissions it answered; at most `--pipeline` (default 1) entries in flight and
-    // the one waiting for its place, of `--batch-max` decisions each, per shard
-    // (docs/semantics.md). 48 keys over the shards.
+    // the open one waiting for its place, of `--batch-max` decisions each, per shard
+    // (docs/semantics.md; an entry passes `--batch-max` by less than one caller's batch,
+    // and each caller here sends one check). 48 keys over the shards.
     let batch_max = 16;
     let pipeline = 1;
     let per_shard = (pipeline + 1) * batch_max;

@@ -14,8 +14,9 @@ use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 
 /// Opens every handshake: "quorate peer".
 pub const MAGIC: [u8; 4] = *b"QRPR";
-/// The peer protocol version; both sides must speak the same one.
-pub const VERSION: u16 = 1;
+/// The peer protocol version; both sides must speak the same one. 2: log entries carry
+/// their parts' shard times (`Batch::later`), which version 1 cannot decode.
+pub const VERSION: u16 = 2;
 /// Bytes of a nonce and of a MAC.
 pub const NONCE: usize = 32;
 const MAC: usize = 32;

@@ -4,7 +4,7 @@
 //! The data path for a batch of commands bound for shard `g`:
 //! - this node leads `g`: the commands join `g`'s proposer lane. The proposer takes
 //!   everything waiting (up to `batch_max` commands), stamps it with the shard time and
-//!   submits it as ONE log entry. While `pipeline` entries are in flight it does not submit,
+//!   submits it as ONE log entry (one entry may hold several takes, see below). While `pipeline` entries are in flight it does not submit,
 //!   so under load the lane fills and entries grow: batching adapts to the load and adds no
 //!   delay when idle. The answer to each command is what applying the COMMITTED entry
 //!   returned on this node, so every answer (admit or deny) is one the majority has durably
@@ -163,7 +163,7 @@ struct Group {
     info_state: Arc<Mutex<ShardState>>,
     /// Set when an entry the speculative state assumed did not commit.
     spec_failed: Arc<std::sync::atomic::AtomicBool>,
-    /// Monotonic time at which the last committed entry was submitted (0: none yet).
+    /// Monotonic time at which the last committed entry was proposed (0: none yet).
     lease_from: Arc<AtomicU64>,
 }
 
@@ -870,7 +870,8 @@ fn unavailable(limit: u64, allow: bool) -> Decision {
 }
 
 /// The leader's speculative state for `consistency = "fast"`: the committed state plus
-/// every entry this leader has submitted in `term`, so it answers as the log will.
+/// every entry this leader has submitted in `term` and the parts of the open entry, so it
+/// answers as the log will.
 struct Speculative {
     term: u64,
     state: ShardState,
@@ -885,10 +886,11 @@ struct Open {
 }
 
 impl Open {
-    /// The entry will not be proposed: its callers not answered yet are told so.
-    fn abandon(self, why: &str) {
-        self.replies
-            .complete(Err(Proposal::NotSubmitted(why.into())), answer);
+    /// Commands the next entry may still take (`batch_max` without an open entry).
+    fn room(open: &Option<Open>, batch_max: usize) -> usize {
+        open.as_ref().map_or(batch_max, |o| {
+            batch_max.saturating_sub(o.batch.commands.len())
+        })
     }
 }
 
@@ -917,9 +919,7 @@ async fn propose_loop(cluster: Arc<Cluster>, group: Arc<Group>) {
             if permit.is_some() && (waiting || open.is_some()) {
                 break permit;
             }
-            let room = open.as_ref().map_or(batch_max, |o| {
-                batch_max.saturating_sub(o.batch.commands.len())
-            });
+            let room = Open::room(&open, batch_max);
             if waiting && room > 0 && (open.is_some() || lane.any(|p| p.fast)) {
                 break None;
             }
@@ -929,7 +929,7 @@ async fn propose_loop(cluster: Arc<Cluster>, group: Arc<Group>) {
                     biased; // room first; and no draw from the runtime's RNG
                     p = group.proposer.inflight.clone().acquire_owned() => match p {
                         Ok(p) => break Some(p),
-                        Err(_) => return abandon(open, "the proposer stopped"),
+                        Err(_) => return stop(lane, open, "the proposer stopped"),
                     },
                     _ = group.proposer.wake.notified() => {}
                 }
@@ -937,12 +937,10 @@ async fn propose_loop(cluster: Arc<Cluster>, group: Arc<Group>) {
                 group.proposer.wake.notified().await;
             }
             if group.raft.metrics().borrow().running_state.is_err() {
-                return abandon(open, "raft stopped");
+                return stop(lane, open, "raft stopped");
             }
         };
-        let room = open.as_ref().map_or(batch_max, |o| {
-            batch_max.saturating_sub(o.batch.commands.len())
-        });
+        let room = Open::room(&open, batch_max);
         let pending = if room > 0 {
             lane.take(room, |p| p.commands.len())
         } else {
@@ -967,9 +965,7 @@ async fn propose_loop(cluster: Arc<Cluster>, group: Arc<Group>) {
                     Err(Proposal::NotSubmitted("not the leader".into())),
                 );
             }
-            if let Some(o) = open.take() {
-                o.abandon("not the leader");
-            }
+            abandon(open.take(), "not the leader");
             continue;
         }
         // The entry carries this term's shard time: if the term changed while it was open,
@@ -1022,6 +1018,11 @@ async fn propose_loop(cluster: Arc<Cluster>, group: Arc<Group>) {
                     term,
                     state: lock(&group.info_state).clone(),
                 });
+            }
+            // An entry the copy assumed has failed (its answer may come while an entry is
+            // open): the copy is no longer the log's.
+            if group.spec_failed.swap(false, Ordering::SeqCst) {
+                spec = None;
             }
             let part = Batch::at(now, commands);
             let guessed = spec.as_mut().map(|s| s.state.apply(&part));
@@ -1103,10 +1104,21 @@ async fn propose_loop(cluster: Arc<Cluster>, group: Arc<Group>) {
     }
 }
 
-/// Tells the callers of an entry that will not be proposed (if any).
+/// Tells the callers of an entry that will not be proposed (if any) so; those answered
+/// early keep their answers.
 fn abandon(open: Option<Open>, why: &str) {
     if let Some(o) = open {
-        o.abandon(why);
+        o.replies
+            .complete(Err(Proposal::NotSubmitted(why.into())), answer);
+    }
+}
+
+/// The proposer ends: every caller still waiting, in the open entry or in the lane, is
+/// told its commands were not submitted (rather than waiting out its timeout).
+fn stop(lane: &ProposerLane<Pending>, open: Option<Open>, why: &str) {
+    abandon(open, why);
+    for p in lane.take(usize::MAX, |p| p.commands.len()) {
+        answer(p.reply, Err(Proposal::NotSubmitted(why.into())));
     }
 }
 

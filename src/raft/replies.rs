@@ -1,8 +1,9 @@
 //! The proposer's lane and reply table: who is answered what, exactly once.
 //!
 //! Callers [`ProposerLane::reserve`] room and [`ProposerLane::push`] themselves; the
-//! proposer [`ProposerLane::take`]s a run of them as one log entry and files their reply
-//! handles in a [`Replies`] table. Fast callers may be answered early from the leader's
+//! proposer [`ProposerLane::take`]s a run of them into a log entry (an open entry takes
+//! several runs, joined by [`Replies::append`]) and files their reply handles in a
+//! [`Replies`] table. Fast callers may be answered early from the leader's
 //! speculative state ([`Replies::answer_early`]); [`Replies::complete`] then answers every
 //! caller not yet answered with its part of the committed result, or with the error (the
 //! entry failed, was lost, or this node is not the leader). A strict caller is answered
