@@ -3,6 +3,8 @@
 //! themselves while the proposer takes them as entries, answers fast callers early from
 //! its speculative state, and hands each entry's table to a completion task (a thread
 //! here) that answers the rest with the entry's outcome.
+//! The open entry of a full pipeline (several takes, each a part answered early, joined
+//! by `Replies::append`) is modelled too.
 //! Properties, for each outcome (commits, fails after submission, not the leader): every
 //! caller is answered exactly once; a strict caller is answered "admitted" only if its
 //! entry committed, and then with its own part of the results; the queued-commands
@@ -39,8 +41,15 @@ fn send(inbox: Inbox, answer: Answer) {
 }
 
 /// Two callers (one fast, one strict, `lens` commands each) and the proposer, which takes at
-/// most `max` commands per entry; every entry ends with `outcome`.
+/// most `max` commands per entry; every entry ends with `outcome`. With `open`, the
+/// proposer gathers ONE entry from its takes (the open entry of a full pipeline): each take
+/// is a part, its fast callers answered early, its table appended to the entry's
+/// (`Replies::append`); the entry ends once both callers are in it.
 fn model(outcome: Outcome, max: usize, lens: [usize; 2]) {
+    model_with(outcome, max, lens, false)
+}
+
+fn model_with(outcome: Outcome, max: usize, lens: [usize; 2], open: bool) {
     loom::model(move || {
         let lane = Arc::new(ProposerLane::<Caller>::new());
         let inboxes: Vec<Inbox> = (0..2).map(|_| Arc::new(Mutex::new(Vec::new()))).collect();
@@ -61,6 +70,7 @@ fn model(outcome: Outcome, max: usize, lens: [usize; 2]) {
         // The proposer: take entries until both callers are taken.
         let mut taken = 0;
         let mut completions = Vec::new();
+        let mut entry: Option<(Replies<Inbox>, Vec<u32>)> = None;
         while taken < 2 {
             let pending = lane.take(max, |c| c.commands.len());
             if pending.is_empty() {
@@ -73,6 +83,18 @@ fn model(outcome: Outcome, max: usize, lens: [usize; 2]) {
             for c in pending {
                 replies.add(c.commands.len(), c.fast, c.inbox);
                 commands.extend(c.commands);
+            }
+            if open {
+                // A part: answered early now, ended with the whole entry below.
+                replies.answer_early(commands.clone(), send);
+                match &mut entry {
+                    Some((all, all_commands)) => {
+                        all.append(replies);
+                        all_commands.extend(commands);
+                    }
+                    None => entry = Some((replies, commands)),
+                }
+                continue;
             }
             if outcome == Outcome::NotLeader {
                 replies.complete(Err("not the leader"), send);
@@ -88,6 +110,19 @@ fn model(outcome: Outcome, max: usize, lens: [usize; 2]) {
                 };
                 replies.complete(result, send);
             }));
+        }
+        if let Some((replies, commands)) = entry {
+            match outcome {
+                // Abandoned: the answered-early keep their answers, the rest are told.
+                Outcome::NotLeader => replies.complete(Err("not the leader"), send),
+                _ => completions.push(thread::spawn(move || {
+                    let result = match outcome {
+                        Outcome::Commits => Ok(commands),
+                        _ => Err("lost"),
+                    };
+                    replies.complete(result, send);
+                })),
+            }
         }
         for h in callers.into_iter().chain(completions) {
             h.join().unwrap();
@@ -134,4 +169,12 @@ fn callers_split_over_entries_are_each_answered_once() {
     // At most 2 commands per entry: the two callers never share one.
     model(Outcome::Commits, 2, [2, 1]);
     model(Outcome::Fails, 2, [2, 1]);
+}
+
+#[test]
+fn an_entry_gathered_in_parts_answers_each_caller_once_with_its_part() {
+    // The open entry: the callers may arrive in one take or two; either way one entry.
+    model_with(Outcome::Commits, 8, [2, 1], true);
+    model_with(Outcome::Fails, 8, [2, 1], true);
+    model_with(Outcome::NotLeader, 8, [2, 1], true);
 }
