@@ -66,6 +66,8 @@ pub struct ClusterSettings {
     pub write_timeout: Duration,
     /// Most commands per log entry.
     pub batch_max: usize,
+    /// Longest a leader holds a strict entry for the callers its last one answered.
+    pub batch_linger: Duration,
     /// A shard's snapshot is taken after this many log entries since the last.
     pub snapshot_every: u64,
     /// Most entries a shard's leader has proposed and not yet seen committed.
@@ -250,6 +252,11 @@ pub struct NodeOptions {
     /// Most decisions in one Raft log entry [default: 1024].
     #[arg(long, env = "QUORATE_BATCH_MAX")]
     pub batch_max: Option<usize>,
+    /// Under load, how long a shard's leader may hold a strict entry (the pipeline having
+    /// room) for as many commands as its last round took, so that the callers its last
+    /// commit answered join it; 0 proposes at once [default: 500us].
+    #[arg(long, env = "QUORATE_BATCH_LINGER")]
+    pub batch_linger: Option<String>,
     /// Entries a shard's leader may have in flight (proposed, not yet committed); while they
     /// are, new checks wait and join the next entry [default: 1].
     #[arg(long, env = "QUORATE_PIPELINE")]
@@ -308,6 +315,7 @@ impl NodeOptions {
             unavailable_after: self.unavailable_after.or(fallback.unavailable_after),
             write_timeout: self.write_timeout.or(fallback.write_timeout),
             batch_max: self.batch_max.or(fallback.batch_max),
+            batch_linger: self.batch_linger.clone().or(fallback.batch_linger.clone()),
             unsafe_no_fsync: self.unsafe_no_fsync.or(fallback.unsafe_no_fsync),
             join: self.join.or(fallback.join),
             snapshot_every: self.snapshot_every.or(fallback.snapshot_every),
@@ -375,6 +383,11 @@ impl NodeOptions {
             )?,
             write_timeout: duration("write_timeout", &self.write_timeout, Duration::from_secs(2))?,
             batch_max: self.batch_max.unwrap_or(1024).max(1),
+            batch_linger: duration(
+                "batch_linger",
+                &self.batch_linger,
+                Duration::from_micros(500),
+            )?,
             join: self.join.unwrap_or(false),
             pipeline: self.pipeline.unwrap_or(1).max(1),
             denial_cache: self.denial_cache.unwrap_or(100_000),
@@ -543,6 +556,33 @@ mod tests {
         };
         assert_eq!(chosen.to_config().unwrap().shards, 16);
         assert_eq!(NodeOptions::default().to_config().unwrap().shards, 16);
+    }
+
+    #[test]
+    fn batch_linger_defaults_to_500us_and_parses_like_every_duration() {
+        let member = NodeOptions {
+            id: Some(1),
+            peers: Some("1=127.0.0.1:7101,2=127.0.0.1:7102,3=127.0.0.1:7103".into()),
+            cluster_secret: Some("a-secret-of-16-chars".into()),
+            data_dir: Some("/data".into()),
+            ..Default::default()
+        };
+        let linger = |v: Option<&str>| {
+            NodeOptions {
+                batch_linger: v.map(Into::into),
+                ..member.clone()
+            }
+            .to_config()
+            .map(|c| c.cluster.unwrap().batch_linger)
+        };
+        assert_eq!(linger(None), Ok(Duration::from_micros(500)));
+        assert_eq!(linger(Some("0s")), Ok(Duration::ZERO));
+        assert_eq!(linger(Some("1ms")), Ok(Duration::from_millis(1)));
+        let err = linger(Some("soon")).unwrap_err();
+        assert!(
+            err.contains("`batch_linger`") && err.contains("500ms"),
+            "{err}"
+        );
     }
 
     #[test]

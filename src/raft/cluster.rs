@@ -4,9 +4,11 @@
 //! The data path for a batch of commands bound for shard `g`:
 //! - this node leads `g`: the commands join `g`'s proposer lane. The proposer takes
 //!   everything waiting (up to `batch_max` commands), stamps it with the shard time and
-//!   submits it as ONE log entry (one entry may hold several takes, see below). While `pipeline` entries are in flight it does not submit,
-//!   so under load the lane fills and entries grow: batching adapts to the load and adds no
-//!   delay when idle. The answer to each command is what applying the COMMITTED entry
+//!   submits it as ONE log entry (one entry may hold several takes, see below). While
+//!   `pipeline` entries are in flight it does not submit, so under load the lane fills and
+//!   entries grow: batching adapts to the load and adds no delay when idle. Under load a
+//!   strict entry may also linger up to `batch_linger` for as many commands as the last
+//!   entry held (the callers its commit answered, coming back). The answer to each command is what applying the COMMITTED entry
 //!   returned on this node, so every answer (admit or deny) is one the majority has durably
 //!   logged: a strict decision is never forgotten by a failover. The exception is a `fast`
 //!   check, answered from the leader's speculative state within its lease: with the
@@ -69,6 +71,9 @@ pub struct ClusterConfig {
     pub unavailable_after: Duration,
     /// Most commands in one log entry.
     pub batch_max: usize,
+    /// Under load, longest a strict entry waits (with room in the pipeline) for the callers
+    /// the last commit answered (see `propose_loop`); zero proposes at once.
+    pub batch_linger: Duration,
     /// Most entries a group's leader has submitted but not yet seen committed.
     pub pipeline: usize,
     /// A snapshot is taken after this many entries since the last.
@@ -94,6 +99,7 @@ impl ClusterConfig {
             denial_cache: 100_000,
             unavailable_after: Duration::from_millis(500),
             batch_max: 4096,
+            batch_linger: Duration::from_micros(500),
             pipeline: 4,
             snapshot_every: 20_000,
             join: false,
@@ -900,6 +906,7 @@ async fn propose_loop(cluster: Arc<Cluster>, group: Arc<Group>) {
     let mut spec: Option<Speculative> = None;
     let pipeline = cluster.config.pipeline.max(1);
     let batch_max = cluster.config.batch_max.max(1);
+    let linger = cluster.config.batch_linger;
     let lane = &group.proposer.lane;
     // The lease: a majority acknowledged an entry proposed at `lease_from`, so no other
     // leader can be elected before `lease_from + election_min` (followers do not vote while
@@ -908,6 +915,8 @@ async fn propose_loop(cluster: Arc<Cluster>, group: Arc<Group>) {
     // Negative control only (see `hooks`): every caller answered early, lease or not.
     let unsafe_early = cluster.config.hooks.unsafe_answer_before_commit;
     let mut open: Option<Open> = None;
+    // Commands in the last entry proposed: what a lingering entry waits for.
+    let mut last_entry = 0usize;
     loop {
         // Wait for work: callers, taken into a new entry when the pipeline has room; with
         // it full, into the open entry (opened for a fast caller: strict callers alone wait
@@ -940,6 +949,24 @@ async fn propose_loop(cluster: Arc<Cluster>, group: Arc<Group>) {
                 return stop(lane, open, "raft stopped");
             }
         };
+        // Under load (the last entry held several commands), a strict-only lane with room
+        // in the pipeline lingers: callers the last commit answered come back within a round
+        // trip, and without the wait they miss this entry for the next one. It waits until
+        // the lane holds as many commands as the last entry, a fast caller arrives, or
+        // `batch_linger` has passed. One command per entry (light load) never waits, nor
+        // does a flood of denials (answered without entries).
+        let want = last_entry.min(batch_max) as u64;
+        if permit.is_some() && open.is_none() && want >= 2 && !linger.is_zero() {
+            let until = tokio::time::sleep(linger);
+            tokio::pin!(until);
+            while lane.queued() < want && !lane.any(|p| p.fast) {
+                tokio::select! {
+                    biased;
+                    _ = &mut until => break,
+                    _ = group.proposer.wake.notified() => {}
+                }
+            }
+        }
         let room = Open::room(&open, batch_max);
         let pending = if room > 0 {
             lane.take(room, |p| p.commands.len())
@@ -1059,6 +1086,7 @@ async fn propose_loop(cluster: Arc<Cluster>, group: Arc<Group>) {
         else {
             continue; // every caller was denied at once
         };
+        last_entry = batch.commands.len();
         // The lease runs from here: the followers hear of the entry after this instant.
         let proposed_at = cluster.clock.monotonic();
         let submitted = if group.raft.metrics().borrow().current_term == term {
