@@ -252,9 +252,10 @@ pub struct NodeOptions {
     /// Most decisions in one Raft log entry [default: 1024].
     #[arg(long, env = "QUORATE_BATCH_MAX")]
     pub batch_max: Option<usize>,
-    /// Under load, how long a shard's leader may hold a strict entry (the pipeline having
-    /// room) for as many commands as its last round took, so that the callers its last
-    /// commit answered join it; 0 proposes at once [default: 500us].
+    /// Under load, how long a shard's leader may hold a strict entry (nothing in flight)
+    /// for as many callers as its last entry held, so that the callers its last commit
+    /// answered join it; rounded up to the runtime timer's millisecond tick; 0 proposes at
+    /// once [default: 500us].
     #[arg(long, env = "QUORATE_BATCH_LINGER")]
     pub batch_linger: Option<String>,
     /// Entries a shard's leader may have in flight (proposed, not yet committed); while they
@@ -315,7 +316,7 @@ impl NodeOptions {
             unavailable_after: self.unavailable_after.or(fallback.unavailable_after),
             write_timeout: self.write_timeout.or(fallback.write_timeout),
             batch_max: self.batch_max.or(fallback.batch_max),
-            batch_linger: self.batch_linger.clone().or(fallback.batch_linger.clone()),
+            batch_linger: self.batch_linger.or(fallback.batch_linger),
             unsafe_no_fsync: self.unsafe_no_fsync.or(fallback.unsafe_no_fsync),
             join: self.join.or(fallback.join),
             snapshot_every: self.snapshot_every.or(fallback.snapshot_every),

@@ -7,10 +7,10 @@
 //!   submits it as ONE log entry (one entry may hold several takes, see below). While
 //!   `pipeline` entries are in flight it does not submit, so under load the lane fills and
 //!   entries grow: batching adapts to the load and adds no delay when idle. Under load a
-//!   strict entry may also linger up to `batch_linger` for as many commands as the last
-//!   entry held (the callers its commit answered, coming back). The answer to each command is what applying the COMMITTED entry
-//!   returned on this node, so every answer (admit or deny) is one the majority has durably
-//!   logged: a strict decision is never forgotten by a failover. The exception is a `fast`
+//!   strict entry may also linger up to `batch_linger` for as many callers as the last
+//!   entry held (the callers its commit answered, coming back). The answer to each command
+//!   is what applying the COMMITTED entry returned on this node, so every answer (admit or
+//!   deny) is one the majority has durably logged: a strict decision is never forgotten by a failover. The exception is a `fast`
 //!   check, answered from the leader's speculative state within its lease: with the
 //!   pipeline full, the next entry stays open and takes callers as they come, each take a
 //!   part with its own shard time, so fast callers never wait for the entry ahead.
@@ -71,8 +71,9 @@ pub struct ClusterConfig {
     pub unavailable_after: Duration,
     /// Most commands in one log entry.
     pub batch_max: usize,
-    /// Under load, longest a strict entry waits (with room in the pipeline) for the callers
-    /// the last commit answered (see `propose_loop`); zero proposes at once.
+    /// Under load, longest a strict entry waits (nothing in flight) for the callers the
+    /// last commit answered (see `propose_loop`; the runtime's timer rounds it up to a
+    /// millisecond tick); zero proposes at once.
     pub batch_linger: Duration,
     /// Most entries a group's leader has submitted but not yet seen committed.
     pub pipeline: usize,
@@ -915,8 +916,9 @@ async fn propose_loop(cluster: Arc<Cluster>, group: Arc<Group>) {
     // Negative control only (see `hooks`): every caller answered early, lease or not.
     let unsafe_early = cluster.config.hooks.unsafe_answer_before_commit;
     let mut open: Option<Open> = None;
-    // Commands in the last entry proposed: what a lingering entry waits for.
-    let mut last_entry = 0usize;
+    // Callers and commands of the last round's entry (0 if it proposed none): what a
+    // lingering entry waits for.
+    let mut last_entry = (0usize, 0usize);
     loop {
         // Wait for work: callers, taken into a new entry when the pipeline has room; with
         // it full, into the open entry (opened for a fast caller: strict callers alone wait
@@ -949,21 +951,33 @@ async fn propose_loop(cluster: Arc<Cluster>, group: Arc<Group>) {
                 return stop(lane, open, "raft stopped");
             }
         };
-        // Under load (the last entry held several commands), a strict-only lane with room
-        // in the pipeline lingers: callers the last commit answered come back within a round
-        // trip, and without the wait they miss this entry for the next one. It waits until
-        // the lane holds as many commands as the last entry, a fast caller arrives, or
-        // `batch_linger` has passed. One command per entry (light load) never waits, nor
-        // does a flood of denials (answered without entries).
-        let want = last_entry.min(batch_max) as u64;
-        if permit.is_some() && open.is_none() && want >= 2 && !linger.is_zero() {
+        // Under load (the last round's entry held several callers), a strict-only lane with
+        // the pipeline empty lingers: callers the last commit answered come back within a
+        // round trip, and without the wait they miss this entry for the next one. It waits
+        // until the lane holds as many callers or commands as that entry, a fast caller
+        // arrives, or `batch_linger` has passed (rounded up to the runtime timer's
+        // millisecond tick). One caller per entry (light load) never waits, nor does a
+        // round after one that proposed nothing (a flood of denials, answered at once).
+        let (callers, commands) = last_entry;
+        let want = commands.min(batch_max) as u64;
+        let empty = group.proposer.inflight.available_permits() + 1 >= pipeline;
+        if permit.is_some()
+            && open.is_none()
+            && callers >= 2
+            && empty
+            && !linger.is_zero()
+            && group.raft.metrics().borrow().state == ServerState::Leader
+        {
             let until = tokio::time::sleep(linger);
             tokio::pin!(until);
-            while lane.queued() < want && !lane.any(|p| p.fast) {
+            while lane.len() < callers && lane.queued() < want && !lane.any(|p| p.fast) {
                 tokio::select! {
                     biased;
                     _ = &mut until => break,
                     _ = group.proposer.wake.notified() => {}
+                }
+                if group.raft.metrics().borrow().running_state.is_err() {
+                    return stop(lane, open, "raft stopped");
                 }
             }
         }
@@ -986,6 +1000,7 @@ async fn propose_loop(cluster: Arc<Cluster>, group: Arc<Group>) {
         };
         if !is_leader {
             spec = None;
+            last_entry = (0, 0);
             for p in pending {
                 answer(
                     p.reply,
@@ -1084,9 +1099,10 @@ async fn propose_loop(cluster: Arc<Cluster>, group: Arc<Group>) {
             replies,
         }) = open.take()
         else {
+            last_entry = (0, 0);
             continue; // every caller was denied at once
         };
-        last_entry = batch.commands.len();
+        last_entry = (replies.len(), batch.commands.len());
         // The lease runs from here: the followers hear of the entry after this instant.
         let proposed_at = cluster.clock.monotonic();
         let submitted = if group.raft.metrics().borrow().current_term == term {

@@ -57,6 +57,11 @@ impl<P> ProposerLane<P> {
         self.queue().is_empty()
     }
 
+    /// Callers waiting in the lane.
+    pub fn len(&self) -> usize {
+        self.queue().len()
+    }
+
     /// Whether any caller waiting in the lane matches `f`.
     pub fn any(&self, f: impl Fn(&P) -> bool) -> bool {
         self.queue().iter().any(f)
@@ -120,6 +125,16 @@ impl<R> Replies<R> {
         self.lengths.extend(other.lengths);
         self.early.extend(other.early);
         self.replies.extend(other.replies);
+    }
+
+    /// Callers filed.
+    pub fn len(&self) -> usize {
+        self.replies.len()
+    }
+
+    /// Whether no caller is filed.
+    pub fn is_empty(&self) -> bool {
+        self.replies.is_empty()
     }
 
     /// Whether any caller may be answered early.
