@@ -541,15 +541,20 @@ mod tests {
         assert_eq!(c.peer_addr.port(), 7100);
     }
 
-    #[test]
-    fn a_cluster_member_defaults_to_one_shard_per_member_and_a_single_node_to_16() {
-        let member = NodeOptions {
+    /// Member 1 of a 3-node loopback cluster, every required setting given.
+    fn member() -> NodeOptions {
+        NodeOptions {
             id: Some(1),
             peers: Some("1=127.0.0.1:7101,2=127.0.0.1:7102,3=127.0.0.1:7103".into()),
             cluster_secret: Some("a-secret-of-16-chars".into()),
             data_dir: Some("/data".into()),
             ..Default::default()
-        };
+        }
+    }
+
+    #[test]
+    fn a_cluster_member_defaults_to_one_shard_per_member_and_a_single_node_to_16() {
+        let member = member();
         assert_eq!(member.clone().to_config().unwrap().shards, CLUSTER_SHARDS);
         let chosen = NodeOptions {
             shards: Some(16),
@@ -561,17 +566,10 @@ mod tests {
 
     #[test]
     fn batch_linger_defaults_to_500us_and_parses_like_every_duration() {
-        let member = NodeOptions {
-            id: Some(1),
-            peers: Some("1=127.0.0.1:7101,2=127.0.0.1:7102,3=127.0.0.1:7103".into()),
-            cluster_secret: Some("a-secret-of-16-chars".into()),
-            data_dir: Some("/data".into()),
-            ..Default::default()
-        };
         let linger = |v: Option<&str>| {
             NodeOptions {
                 batch_linger: v.map(Into::into),
-                ..member.clone()
+                ..member()
             }
             .to_config()
             .map(|c| c.cluster.unwrap().batch_linger)
