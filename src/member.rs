@@ -130,6 +130,47 @@ pub fn check_shard_count(data_dir: &std::path::Path, shards: u32) -> io::Result<
     }
 }
 
+/// The file in a data directory that records the format of its log entries.
+pub const LOG_FORMAT_FILE: &str = "log-format";
+
+/// The log entry format this build writes and reads. 2: entries carry the shard times of
+/// their parts (`Batch::later`); 1 (no record) had one time per entry.
+pub const LOG_FORMAT: u32 = 2;
+
+/// Refuses a data directory whose log this build cannot read: one recorded with another
+/// format, or a log without a record (written before format 2). A directory without a
+/// log gets the record (fsynced, then its directory).
+pub fn check_log_format(data_dir: &std::path::Path) -> io::Result<()> {
+    let path = data_dir.join(LOG_FORMAT_FILE);
+    let refuse = |found: &str| {
+        io::Error::new(
+            io::ErrorKind::InvalidData,
+            format!(
+                "the data directory {} holds a Raft log of format {found}, and this quorate                  reads format {LOG_FORMAT}: run the quorate that wrote it, or stop every member                  and start them on fresh data directories (docs/operations.md, \"Upgrade\")",
+                data_dir.display()
+            ),
+        )
+    };
+    match std::fs::read_to_string(&path) {
+        Ok(text) if text.trim() == LOG_FORMAT.to_string() => Ok(()),
+        Ok(text) => Err(refuse(text.trim())),
+        Err(e) if e.kind() == io::ErrorKind::NotFound && data_dir.join("wal").exists() => {
+            Err(refuse("1 (no log-format record)"))
+        }
+        Err(e) if e.kind() == io::ErrorKind::NotFound => {
+            use std::io::Write;
+            std::fs::create_dir_all(data_dir)?;
+            let tmp = data_dir.join(format!("{LOG_FORMAT_FILE}.tmp"));
+            let mut f = std::fs::File::create(&tmp)?;
+            writeln!(f, "{LOG_FORMAT}")?;
+            f.sync_all()?;
+            std::fs::rename(&tmp, &path)?;
+            std::fs::File::open(data_dir)?.sync_all()
+        }
+        Err(e) => Err(e),
+    }
+}
+
 /// Runs blocking file work on the blocking pool, or inline when `inline` (under the
 /// simulation, where I/O runs on the runtime: a blocking-pool thread's timing is outside
 /// simulated time).
@@ -177,6 +218,7 @@ pub async fn start<P: Listener, C: Connector>(
     let shards = config.shards.max(1);
     let dir = data_dir.clone();
     blocking_io(settings.hooks.io_on_runtime, move || {
+        check_log_format(&dir)?;
         check_shard_count(&dir, shards)
     })
     .await?;
@@ -325,6 +367,30 @@ mod tests {
         assert!(
             !dir.path().join(SHARDS_FILE).exists(),
             "the refusal wrote a count"
+        );
+    }
+
+    #[test]
+    fn a_log_of_another_format_is_refused_and_a_new_directory_gets_the_record() {
+        let dir = tempfile::tempdir().unwrap();
+        let data = dir.path().join("data");
+        check_log_format(&data).unwrap();
+        assert_eq!(
+            std::fs::read_to_string(data.join(LOG_FORMAT_FILE)).unwrap(),
+            format!("{LOG_FORMAT}\n")
+        );
+        check_log_format(&data).unwrap();
+        std::fs::write(data.join(LOG_FORMAT_FILE), "3\n").unwrap();
+        let e = check_log_format(&data).unwrap_err();
+        assert!(e.to_string().contains("format 3"), "{e}");
+        // A log written before the record (format 1) is refused, and no record is written.
+        let old = dir.path().join("old");
+        std::fs::create_dir_all(old.join("wal")).unwrap();
+        let e = check_log_format(&old).unwrap_err();
+        assert!(e.to_string().contains("fresh data directories"), "{e}");
+        assert!(
+            !old.join(LOG_FORMAT_FILE).exists(),
+            "the refusal wrote a record"
         );
     }
 

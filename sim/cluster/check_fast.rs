@@ -1,7 +1,7 @@
 //! Invariant: a fast limit over-admits only within its bound.
 //!
 //! A fast check is answered by the shard leader from its speculative state (the committed
-//! state plus the entries it has in flight, at most `pipeline` = 4 per shard, and the open
+//! state plus the entries it has in flight, at most `pipeline` per shard (1 here), and the open
 //! entry gathered while the pipeline is full) while its lease
 //! holds (`millis_since_quorum_ack < election_timeout_min`), before the entry commits. The
 //! committed log itself is exact (apply decides, deterministically), so its admissions must

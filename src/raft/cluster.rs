@@ -9,11 +9,13 @@
 //!   entries grow: batching adapts to the load and adds no delay when idle. Under load a
 //!   strict entry may also linger up to `batch_linger` for as many callers as the last
 //!   entry held (the callers its commit answered, coming back). The answer to each command
-//!   is what applying the COMMITTED entry returned on this node, so every answer (admit or
-//!   deny) is one the majority has durably logged: a strict decision is never forgotten by a failover. The exception is a `fast`
-//!   check, answered from the leader's speculative state within its lease: with the
-//!   pipeline full, the next entry stays open and takes callers as they come, each take a
-//!   part with its own shard time, so fast callers never wait for the entry ahead.
+//!   is what applying the COMMITTED entry returned on this node (or a denial by the
+//!   committed state, which changes nothing: `deny_at_once`), so a strict admission is never
+//!   forgotten by a failover. The exception is a `fast` check, answered from the leader's
+//!   speculative state within its lease: with the pipeline full, the next entry stays open
+//!   and takes callers as they come, each take a part with its own shard time, so fast
+//!   callers do not wait for the entry ahead (unless the open entry is full or there is no
+//!   speculative copy).
 //! - another node leads `g`: the commands are forwarded to it over the peer transport, in
 //!   the caller's batch, with a timeout; a `NotLeader` answer with a hint is followed once.
 //! - no leader or no quorum within `unavailable_after`: each check is answered by its
@@ -917,8 +919,9 @@ async fn propose_loop(cluster: Arc<Cluster>, group: Arc<Group>) {
     let unsafe_early = cluster.config.hooks.unsafe_answer_before_commit;
     let mut open: Option<Open> = None;
     // Callers and commands of the last round's entry (0 if it proposed none): what a
-    // lingering entry waits for.
+    // lingering entry waits for; and the callers of the entry before it.
     let mut last_entry = (0usize, 0usize);
+    let mut callers_before = 0usize;
     loop {
         // Wait for work: callers, taken into a new entry when the pipeline has room; with
         // it full, into the open entry (opened for a fast caller: strict callers alone wait
@@ -956,14 +959,16 @@ async fn propose_loop(cluster: Arc<Cluster>, group: Arc<Group>) {
         // round trip, and without the wait they miss this entry for the next one. It waits
         // until the lane holds as many callers or commands as that entry, a fast caller
         // arrives, or `batch_linger` has passed (rounded up to the runtime timer's
-        // millisecond tick). One caller per entry (light load) never waits, nor does a
-        // round after one that proposed nothing (a flood of denials, answered at once).
+        // millisecond tick). It takes two entries in a row of two or more callers: at light
+        // load one caller per entry is the rule and two the chance. Nor does a round after
+        // one that proposed nothing wait (a flood of denials, answered at once).
         let (callers, commands) = last_entry;
+        let loaded = callers.min(callers_before) >= 2;
         let want = commands.min(batch_max) as u64;
         let empty = group.proposer.inflight.available_permits() + 1 >= pipeline;
         if permit.is_some()
             && open.is_none()
-            && callers >= 2
+            && loaded
             && empty
             && !linger.is_zero()
             && group.raft.metrics().borrow().state == ServerState::Leader
@@ -1001,6 +1006,7 @@ async fn propose_loop(cluster: Arc<Cluster>, group: Arc<Group>) {
         if !is_leader {
             spec = None;
             last_entry = (0, 0);
+            callers_before = 0;
             for p in pending {
                 answer(
                     p.reply,
@@ -1100,8 +1106,10 @@ async fn propose_loop(cluster: Arc<Cluster>, group: Arc<Group>) {
         }) = open.take()
         else {
             last_entry = (0, 0);
+            callers_before = 0;
             continue; // every caller was denied at once
         };
+        callers_before = last_entry.0;
         last_entry = (replies.len(), batch.commands.len());
         // The lease runs from here: the followers hear of the entry after this instant.
         let proposed_at = cluster.clock.monotonic();
@@ -1129,17 +1137,17 @@ async fn propose_loop(cluster: Arc<Cluster>, group: Arc<Group>) {
                 },
                 Err(why) => Err(Proposal::NotSubmitted(why)),
             };
+            // Before the pipeline slot is freed, so the proposer sees them when it has room.
+            if result.is_ok() {
+                lease_from.fetch_max(proposed_at, Ordering::SeqCst);
+            } else {
+                // The speculative state assumed this entry: it is no longer the log's.
+                failed.store(true, Ordering::SeqCst);
+            }
             drop(permit);
             match result {
-                Ok(Applies(applied)) => {
-                    lease_from.fetch_max(proposed_at, Ordering::SeqCst);
-                    replies.complete(Ok(applied), answer);
-                }
-                Err(why) => {
-                    // The speculative state assumed this entry: it is no longer the log's.
-                    failed.store(true, Ordering::SeqCst);
-                    replies.complete(Err(why), answer);
-                }
+                Ok(Applies(applied)) => replies.complete(Ok(applied), answer),
+                Err(why) => replies.complete(Err(why), answer),
             }
         });
         if group.spec_failed.swap(false, Ordering::SeqCst) {
