@@ -117,14 +117,7 @@ pub fn check_shard_count(data_dir: &std::path::Path, shards: u32) -> io::Result<
             ))
         }
         Err(e) if e.kind() == io::ErrorKind::NotFound => {
-            use std::io::Write;
-            std::fs::create_dir_all(data_dir)?;
-            let tmp = data_dir.join(format!("{SHARDS_FILE}.tmp"));
-            let mut f = std::fs::File::create(&tmp)?;
-            writeln!(f, "{shards}")?;
-            f.sync_all()?;
-            std::fs::rename(&tmp, &path)?;
-            std::fs::File::open(data_dir)?.sync_all()
+            write_record(data_dir, SHARDS_FILE, shards)
         }
         Err(e) => Err(e),
     }
@@ -158,17 +151,23 @@ pub fn check_log_format(data_dir: &std::path::Path) -> io::Result<()> {
             Err(refuse("1 (no log-format record)"))
         }
         Err(e) if e.kind() == io::ErrorKind::NotFound => {
-            use std::io::Write;
-            std::fs::create_dir_all(data_dir)?;
-            let tmp = data_dir.join(format!("{LOG_FORMAT_FILE}.tmp"));
-            let mut f = std::fs::File::create(&tmp)?;
-            writeln!(f, "{LOG_FORMAT}")?;
-            f.sync_all()?;
-            std::fs::rename(&tmp, &path)?;
-            std::fs::File::open(data_dir)?.sync_all()
+            write_record(data_dir, LOG_FORMAT_FILE, LOG_FORMAT)
         }
         Err(e) => Err(e),
     }
+}
+
+/// Writes a one-line record into the data directory durably: a temporary file, fsynced,
+/// renamed into place, then the directory fsynced.
+fn write_record(data_dir: &std::path::Path, name: &str, value: u32) -> io::Result<()> {
+    use std::io::Write;
+    std::fs::create_dir_all(data_dir)?;
+    let tmp = data_dir.join(format!("{name}.tmp"));
+    let mut f = std::fs::File::create(&tmp)?;
+    writeln!(f, "{value}")?;
+    f.sync_all()?;
+    std::fs::rename(&tmp, data_dir.join(name))?;
+    std::fs::File::open(data_dir)?.sync_all()
 }
 
 /// Runs blocking file work on the blocking pool, or inline when `inline` (under the
