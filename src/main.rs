@@ -16,6 +16,18 @@ use std::process::ExitCode;
 #[global_allocator]
 static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
+/// Turns transparent huge pages off for this process, before the runtime allocates much.
+/// mimalloc asks for them on its arenas (`MADV_HUGEPAGE`), and each page it purges and touches
+/// again then faults in as 2 MiB that the kernel zeroes: a third of a pipelined node's CPU in a
+/// profile (docs/benchmarks.md, "Huge pages off"). A no-op where the kernel has no such switch.
+fn no_transparent_huge_pages() {
+    #[cfg(target_os = "linux")]
+    // SAFETY: PR_SET_THP_DISABLE takes integer arguments only and writes no memory of ours.
+    unsafe {
+        libc::prctl(libc::PR_SET_THP_DISABLE, 1, 0, 0, 0);
+    }
+}
+
 #[derive(Debug, Parser)]
 #[command(
     name = "quorate",
@@ -280,6 +292,7 @@ fn parse_duration(text: &str) -> Result<u64, String> {
 }
 
 fn main() -> ExitCode {
+    no_transparent_huge_pages();
     let cli = Cli::parse();
     match run(cli) {
         Ok(()) => ExitCode::SUCCESS,
