@@ -14,7 +14,7 @@
 
 use loom::sync::{Arc, Mutex};
 use loom::thread;
-use quorate::raft::replies::{ProposerLane, Replies};
+use quorate::raft::replies::{ProposerLane, Replies, Waiting};
 
 /// What a caller was told: its results (command ids) or an error.
 type Answer = Result<Vec<u32>, &'static str>;
@@ -27,6 +27,16 @@ struct Caller {
     commands: Vec<u32>,
     fast: bool,
     inbox: Inbox,
+}
+
+impl Waiting for Caller {
+    fn commands(&self) -> usize {
+        self.commands.len()
+    }
+
+    fn fast(&self) -> bool {
+        self.fast
+    }
 }
 
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -59,11 +69,12 @@ fn model_with(outcome: Outcome, max: usize, lens: [usize; 2], open: bool) {
                 let n = lens[id];
                 thread::spawn(move || {
                     assert!(lane.reserve(n as u64, 100));
-                    lane.push(Caller {
+                    let caller = Caller {
                         commands: (0..n as u32).map(|i| id as u32 * 10 + i).collect(),
                         fast: id == 0,
                         inbox,
-                    });
+                    };
+                    assert!(lane.push(caller).is_ok(), "the lane is open");
                 })
             })
             .collect();
@@ -72,7 +83,7 @@ fn model_with(outcome: Outcome, max: usize, lens: [usize; 2], open: bool) {
         let mut completions = Vec::new();
         let mut entry: Option<(Replies<Inbox>, Vec<u32>)> = None;
         while taken < 2 {
-            let pending = lane.take(max, |c| c.commands.len());
+            let pending = lane.take(max);
             if pending.is_empty() {
                 thread::yield_now();
                 continue;
@@ -177,4 +188,45 @@ fn an_entry_gathered_in_parts_answers_each_caller_once_with_its_part() {
     model_with(Outcome::Commits, 8, [2, 1], true);
     model_with(Outcome::Fails, 8, [2, 1], true);
     model_with(Outcome::NotLeader, 8, [2, 1], true);
+}
+
+/// The proposer stops while two callers queue themselves: each caller is either taken by
+/// `close` (and told) or refused by `push` (and answers itself), never left in a lane no one
+/// will take from; the fast-caller count and the queued-commands counter return to zero.
+#[test]
+fn a_closed_lane_strands_no_caller() {
+    loom::model(|| {
+        let lane = Arc::new(ProposerLane::<Caller>::new());
+        let inboxes: Vec<Inbox> = (0..2).map(|_| Arc::new(Mutex::new(Vec::new()))).collect();
+        let callers: Vec<_> = (0..2)
+            .map(|id| {
+                let (lane, inbox) = (lane.clone(), inboxes[id].clone());
+                thread::spawn(move || {
+                    assert!(lane.reserve(1, 100));
+                    let caller = Caller {
+                        commands: vec![id as u32 * 10],
+                        fast: id == 0,
+                        inbox,
+                    };
+                    if let Err(refused) = lane.push(caller) {
+                        send(refused.inbox, Err("refused"));
+                    }
+                })
+            })
+            .collect();
+        for c in lane.close() {
+            send(c.inbox, Err("the proposer stopped"));
+        }
+        for h in callers {
+            h.join().unwrap();
+        }
+        // Whatever is still queued now was stranded: nobody takes from a closed lane.
+        assert!(lane.is_empty(), "a caller was queued after the lane closed");
+        assert!(!lane.any_fast(), "the fast-caller count drifted");
+        assert_eq!(lane.queued(), 0, "the queued-commands counter drifted");
+        for (id, inbox) in inboxes.iter().enumerate() {
+            let n = inbox.lock().unwrap().len();
+            assert_eq!(n, 1, "caller {id} answered {n} times");
+        }
+    });
 }

@@ -28,7 +28,7 @@
 //! `max(batch time, state time)`, so an old batch stamped lower cannot turn time back.
 
 use super::denials::DenialCache;
-use super::replies::{ProposerLane, Replies};
+use super::replies::{ProposerLane, Replies, Waiting};
 use super::rpc::{
     ask, CallError, ForwardError, MemberChange, PeerRequest, PeerResponse, Transport,
 };
@@ -135,6 +135,16 @@ struct Pending {
     /// May be answered from the leader's speculative state before the entry commits.
     fast: bool,
     reply: oneshot::Sender<Result<Vec<Applied>, Proposal>>,
+}
+
+impl Waiting for Pending {
+    fn commands(&self) -> usize {
+        self.commands.len()
+    }
+
+    fn fast(&self) -> bool {
+        self.fast
+    }
 }
 
 /// Why the proposer did not answer with a committed result.
@@ -625,25 +635,33 @@ impl Cluster {
         // Strict callers wait for the commit; fast ones may be answered from the leader's
         // speculative state (see `propose_loop`).
         let answer_early = fast;
-        group.proposer.lane.push(Pending {
+        let pending = Pending {
             commands,
             fast: answer_early,
             reply,
-        });
+        };
+        if group.proposer.lane.push(pending).is_err() {
+            // The proposer has stopped (Raft is shutting down): nothing was submitted.
+            return Err(self.not_submitted(group, "the proposer stopped".into()));
+        }
         group.proposer.wake.notify_one();
         let answer = tokio::time::timeout(self.config.write_timeout, answer).await;
         match answer {
             Ok(Ok(Ok(applied))) if applied.len() == n => Ok(applied),
             Ok(Ok(Ok(_))) => Err(ForwardError::Unknown("answer count mismatch".into())),
             Ok(Ok(Err(Proposal::Lost(why)))) => Err(ForwardError::Unknown(why)),
-            Ok(Ok(Err(Proposal::NotSubmitted(why)))) => match self.leader(group) {
-                Some(l) if l != self.config.node_id => {
-                    Err(ForwardError::NotLeader { leader: Some(l) })
-                }
-                _ => Err(ForwardError::Unavailable(why)),
-            },
+            Ok(Ok(Err(Proposal::NotSubmitted(why)))) => Err(self.not_submitted(group, why)),
             Ok(Err(_)) => Err(ForwardError::Unknown("proposer stopped".into())),
             Err(_) => Err(ForwardError::Unknown("commit timed out".into())),
+        }
+    }
+
+    /// What a caller whose commands were never submitted is told: the leader to ask, if
+    /// another node leads the group.
+    fn not_submitted(&self, group: &Group, why: String) -> ForwardError {
+        match self.leader(group) {
+            Some(l) if l != self.config.node_id => ForwardError::NotLeader { leader: Some(l) },
+            _ => ForwardError::Unavailable(why),
         }
     }
 
@@ -934,7 +952,7 @@ async fn propose_loop(cluster: Arc<Cluster>, group: Arc<Group>) {
                 break permit;
             }
             let room = Open::room(&open, batch_max);
-            if waiting && room > 0 && (open.is_some() || lane.any(|p| p.fast)) {
+            if waiting && room > 0 && (open.is_some() || lane.any_fast()) {
                 break None;
             }
             drop(permit);
@@ -975,7 +993,7 @@ async fn propose_loop(cluster: Arc<Cluster>, group: Arc<Group>) {
         {
             let until = tokio::time::sleep(linger);
             tokio::pin!(until);
-            while lane.len() < callers && lane.queued() < want && !lane.any(|p| p.fast) {
+            while lane.len() < callers && lane.queued() < want && !lane.any_fast() {
                 tokio::select! {
                     biased;
                     _ = &mut until => break,
@@ -988,7 +1006,7 @@ async fn propose_loop(cluster: Arc<Cluster>, group: Arc<Group>) {
         }
         let room = Open::room(&open, batch_max);
         let pending = if room > 0 {
-            lane.take(room, |p| p.commands.len())
+            lane.take(room)
         } else {
             Vec::new()
         };
@@ -1166,10 +1184,11 @@ fn abandon(open: Option<Open>, why: &str) {
 }
 
 /// The proposer ends: every caller still waiting, in the open entry or in the lane, is
-/// told its commands were not submitted (rather than waiting out its timeout).
+/// told its commands were not submitted (rather than waiting out its timeout), and the
+/// lane refuses later callers.
 fn stop(lane: &ProposerLane<Pending>, open: Option<Open>, why: &str) {
     abandon(open, why);
-    for p in lane.take(usize::MAX, |p| p.commands.len()) {
+    for p in lane.close() {
         answer(p.reply, Err(Proposal::NotSubmitted(why.into())));
     }
 }

@@ -12,28 +12,47 @@
 
 use crate::sync::{AtomicU64, Mutex, MutexGuard, Ordering};
 
+/// What the lane needs to know of a caller.
+pub trait Waiting {
+    /// How many commands it carries.
+    fn commands(&self) -> usize;
+    /// Whether it may be answered before its entry commits (a fast caller).
+    fn fast(&self) -> bool;
+}
+
+/// The lane's callers, how many of them are fast, and whether the proposer has gone.
+struct Queue<P> {
+    callers: Vec<P>,
+    fast: usize,
+    closed: bool,
+}
+
 /// Callers waiting for the proposer, and how many commands they carry.
 pub struct ProposerLane<P> {
-    queue: Mutex<Vec<P>>,
+    queue: Mutex<Queue<P>>,
     /// Commands reserved (queued or about to be): bounds the lane without locking it.
     queued: AtomicU64,
 }
 
-impl<P> Default for ProposerLane<P> {
+impl<P: Waiting> Default for ProposerLane<P> {
     fn default() -> Self {
         ProposerLane::new()
     }
 }
 
-impl<P> ProposerLane<P> {
+impl<P: Waiting> ProposerLane<P> {
     pub fn new() -> ProposerLane<P> {
         ProposerLane {
-            queue: Mutex::new(Vec::new()),
+            queue: Mutex::new(Queue {
+                callers: Vec::new(),
+                fast: 0,
+                closed: false,
+            }),
             queued: AtomicU64::new(0),
         }
     }
 
-    fn queue(&self) -> MutexGuard<'_, Vec<P>> {
+    fn queue(&self) -> MutexGuard<'_, Queue<P>> {
         self.queue.lock().unwrap_or_else(|p| p.into_inner())
     }
 
@@ -47,24 +66,34 @@ impl<P> ProposerLane<P> {
         true
     }
 
-    /// Queues a caller that reserved its room.
-    pub fn push(&self, caller: P) {
-        self.queue().push(caller);
+    /// Queues a caller that reserved its room; gives it back (its room released) if the
+    /// lane is closed: no proposer will take it.
+    pub fn push(&self, caller: P) -> Result<(), P> {
+        let mut q = self.queue();
+        if q.closed {
+            drop(q);
+            self.queued
+                .fetch_sub(caller.commands() as u64, Ordering::Relaxed);
+            return Err(caller);
+        }
+        q.fast += usize::from(caller.fast());
+        q.callers.push(caller);
+        Ok(())
     }
 
     /// Whether no caller waits in the lane.
     pub fn is_empty(&self) -> bool {
-        self.queue().is_empty()
+        self.queue().callers.is_empty()
     }
 
     /// Callers waiting in the lane.
     pub fn len(&self) -> usize {
-        self.queue().len()
+        self.queue().callers.len()
     }
 
-    /// Whether any caller waiting in the lane matches `f`.
-    pub fn any(&self, f: impl Fn(&P) -> bool) -> bool {
-        self.queue().iter().any(f)
+    /// Whether a fast caller waits in the lane.
+    pub fn any_fast(&self) -> bool {
+        self.queue().fast > 0
     }
 
     /// Commands reserved and not yet taken.
@@ -73,25 +102,34 @@ impl<P> ProposerLane<P> {
     }
 
     /// Takes waiting callers from the lane, up to about `max` commands (at least one
-    /// caller), in arrival order; `len` is a caller's command count.
-    pub fn take(&self, max: usize, len: impl Fn(&P) -> usize) -> Vec<P> {
-        let mut lane = self.queue();
-        if lane.is_empty() {
+    /// caller), in arrival order.
+    pub fn take(&self, max: usize) -> Vec<P> {
+        let mut q = self.queue();
+        if q.callers.is_empty() {
             return Vec::new();
         }
         let mut count = 0;
+        let mut fast = 0;
         let mut split = 0;
-        for p in lane.iter() {
-            if split > 0 && count + len(p) > max {
+        for p in q.callers.iter() {
+            if split > 0 && count + p.commands() > max {
                 break;
             }
-            count += len(p);
+            count += p.commands();
+            fast += usize::from(p.fast());
             split += 1;
         }
-        let rest = lane.split_off(split);
-        let taken = std::mem::replace(&mut *lane, rest);
+        let rest = q.callers.split_off(split);
+        let taken = std::mem::replace(&mut q.callers, rest);
+        q.fast -= fast;
         self.queued.fetch_sub(count as u64, Ordering::Relaxed);
         taken
+    }
+
+    /// The proposer is gone: takes every caller still waiting, and refuses later ones.
+    pub fn close(&self) -> Vec<P> {
+        self.queue().closed = true;
+        self.take(usize::MAX)
     }
 }
 
