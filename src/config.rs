@@ -255,7 +255,7 @@ pub struct NodeOptions {
     /// Under load, how long a shard's leader may hold a strict entry (nothing in flight)
     /// for as many callers as its last entry held, so that the callers its last commit
     /// answered join it; rounded up to the runtime timer's millisecond tick; 0 proposes at
-    /// once [default: 500us].
+    /// once [default: 2ms].
     #[arg(long, env = "QUORATE_BATCH_LINGER")]
     pub batch_linger: Option<String>,
     /// Entries a shard's leader may have in flight (proposed, not yet committed); while they
@@ -384,11 +384,7 @@ impl NodeOptions {
             )?,
             write_timeout: duration("write_timeout", &self.write_timeout, Duration::from_secs(2))?,
             batch_max: self.batch_max.unwrap_or(1024).max(1),
-            batch_linger: duration(
-                "batch_linger",
-                &self.batch_linger,
-                Duration::from_micros(500),
-            )?,
+            batch_linger: duration("batch_linger", &self.batch_linger, Duration::from_millis(2))?,
             join: self.join.unwrap_or(false),
             pipeline: self.pipeline.unwrap_or(1).max(1),
             denial_cache: self.denial_cache.unwrap_or(100_000),
@@ -565,7 +561,7 @@ mod tests {
     }
 
     #[test]
-    fn batch_linger_defaults_to_500us_and_parses_like_every_duration() {
+    fn batch_linger_defaults_to_2ms_and_parses_like_every_duration() {
         let linger = |v: Option<&str>| {
             NodeOptions {
                 batch_linger: v.map(Into::into),
@@ -574,7 +570,7 @@ mod tests {
             .to_config()
             .map(|c| c.cluster.unwrap().batch_linger)
         };
-        assert_eq!(linger(None), Ok(Duration::from_micros(500)));
+        assert_eq!(linger(None), Ok(Duration::from_millis(2)));
         assert_eq!(linger(Some("0s")), Ok(Duration::ZERO));
         assert_eq!(linger(Some("1ms")), Ok(Duration::from_millis(1)));
         let err = linger(Some("soon")).unwrap_err();

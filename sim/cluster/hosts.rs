@@ -208,7 +208,7 @@ pub fn handles(
                 unavailable_after: Duration::from_millis(500),
                 write_timeout: Duration::from_secs(1),
                 batch_max: 1024,
-                batch_linger: Duration::from_micros(500),
+                batch_linger: Duration::from_millis(2),
                 pipeline: 1,
                 denial_cache: 100_000,
                 snapshot_every: 20_000,

@@ -102,7 +102,7 @@ impl ClusterConfig {
             denial_cache: 100_000,
             unavailable_after: Duration::from_millis(500),
             batch_max: 4096,
-            batch_linger: Duration::from_micros(500),
+            batch_linger: Duration::from_millis(2),
             pipeline: 4,
             snapshot_every: 20_000,
             join: false,
