@@ -16,16 +16,26 @@ use std::process::ExitCode;
 #[global_allocator]
 static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
-/// Turns transparent huge pages off for this process, before the runtime allocates much.
-/// mimalloc asks for them on its arenas (`MADV_HUGEPAGE`), and each page it purges and touches
-/// again then faults in as 2 MiB that the kernel zeroes: a third of a pipelined node's CPU in a
-/// profile (docs/benchmarks.md, "Huge pages off"). A no-op where the kernel has no such switch.
-fn no_transparent_huge_pages() {
+/// Whether [`no_transparent_huge_pages`] succeeded (logged once the node's logging is up).
+static THP_OFF: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
+/// Turns transparent huge pages off for this process (and the `quorate dev` members it
+/// starts), before the runtime allocates much; as Redis does (`disable-thp yes`). mimalloc
+/// asks for them on its arenas (`MADV_HUGEPAGE`), and each page it purges and touches again
+/// then faults in as 2 MiB that the kernel zeroes: a third of a pipelined node's CPU in a
+/// profile (docs/benchmarks.md, "Huge pages off"). False if the kernel refused (too old, or a
+/// seccomp filter); the node then runs as before, only slower.
+fn no_transparent_huge_pages() -> bool {
     #[cfg(target_os = "linux")]
-    // SAFETY: PR_SET_THP_DISABLE takes integer arguments only and writes no memory of ours.
-    unsafe {
-        libc::prctl(libc::PR_SET_THP_DISABLE, 1, 0, 0, 0);
+    {
+        let off: libc::c_ulong = 1;
+        let unused: libc::c_ulong = 0;
+        // SAFETY: PR_SET_THP_DISABLE reads integer arguments only and writes no memory of
+        // ours; the kernel reads them as unsigned longs, so they are passed as such.
+        unsafe { libc::prctl(libc::PR_SET_THP_DISABLE, off, unused, unused, unused) == 0 }
     }
+    #[cfg(not(target_os = "linux"))]
+    false
 }
 
 #[derive(Debug, Parser)]
@@ -292,7 +302,10 @@ fn parse_duration(text: &str) -> Result<u64, String> {
 }
 
 fn main() -> ExitCode {
-    no_transparent_huge_pages();
+    THP_OFF.store(
+        no_transparent_huge_pages(),
+        std::sync::atomic::Ordering::Relaxed,
+    );
     let cli = Cli::parse();
     match run(cli) {
         Ok(()) => ExitCode::SUCCESS,
@@ -565,6 +578,11 @@ mod node {
             .with_writer(std::io::stderr)
             .with_ansi(ansi)
             .init();
+        if !super::THP_OFF.load(std::sync::atomic::Ordering::Relaxed) {
+            tracing::debug!(
+                "transparent huge pages stay on: the kernel refused PR_SET_THP_DISABLE"
+            );
+        }
         let threads = args.threads.map(usize::from).unwrap_or_else(|| {
             std::thread::available_parallelism().map_or(1, std::num::NonZeroUsize::get)
         });

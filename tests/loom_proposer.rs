@@ -4,11 +4,13 @@
 //! its speculative state, and hands each entry's table to a completion task (a thread
 //! here) that answers the rest with the entry's outcome.
 //! The open entry of a full pipeline (several takes, each a part answered early, joined
-//! by `Replies::append`) is modelled too.
+//! by `Replies::append`) is modelled too, and so is the lane closing when the proposer
+//! stops (`ProposerLane::close`) while callers queue themselves.
 //! Properties, for each outcome (commits, fails after submission, not the leader): every
 //! caller is answered exactly once; a strict caller is answered "admitted" only if its
 //! entry committed, and then with its own part of the results; the queued-commands
-//! counter returns to zero.
+//! counter returns to zero; after a close, every caller was either taken by it or refused
+//! (none stranded), and the fast-caller count returns to zero.
 //! Run: `scripts/loom` (or `RUSTFLAGS="--cfg loom" cargo test --release --test loom_proposer`).
 #![cfg(loom)]
 
@@ -201,10 +203,12 @@ fn a_closed_lane_strands_no_caller() {
         let callers: Vec<_> = (0..2)
             .map(|id| {
                 let (lane, inbox) = (lane.clone(), inboxes[id].clone());
+                // Two commands and one: a refusal must release the caller's own count.
+                let n = 2 - id;
                 thread::spawn(move || {
-                    assert!(lane.reserve(1, 100));
+                    assert!(lane.reserve(n as u64, 100));
                     let caller = Caller {
-                        commands: vec![id as u32 * 10],
+                        commands: (0..n as u32).map(|i| id as u32 * 10 + i).collect(),
                         fast: id == 0,
                         inbox,
                     };

@@ -651,7 +651,10 @@ impl Cluster {
             Ok(Ok(Ok(_))) => Err(ForwardError::Unknown("answer count mismatch".into())),
             Ok(Ok(Err(Proposal::Lost(why)))) => Err(ForwardError::Unknown(why)),
             Ok(Ok(Err(Proposal::NotSubmitted(why)))) => Err(self.not_submitted(group, why)),
-            Ok(Err(_)) => Err(ForwardError::Unknown("proposer stopped".into())),
+            // The reply handle was dropped unanswered (a panic in its holder).
+            Ok(Err(_)) => Err(ForwardError::Unknown(
+                "the proposer dropped the answer".into(),
+            )),
             Err(_) => Err(ForwardError::Unknown("commit timed out".into())),
         }
     }

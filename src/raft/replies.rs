@@ -12,7 +12,8 @@
 
 use crate::sync::{AtomicU64, Mutex, MutexGuard, Ordering};
 
-/// What the lane needs to know of a caller.
+/// What the lane needs to know of a caller. Both answers must stay the same while the
+/// caller is queued: the lane's counts are kept from them.
 pub trait Waiting {
     /// How many commands it carries.
     fn commands(&self) -> usize;
