@@ -1,5 +1,6 @@
 //! The clients: each picks a key from a Zipf distribution over a few hundred keys and a
-//! policy (strict and fast, token bucket, GCRA and sliding log), sends one single-item check
+//! policy (strict and fast, token bucket, GCRA and sliding log; and a fast fixed window of
+//! 100 ms, whose boundaries fall inside entries), sends one single-item check
 //! with a unique request id to a random node over RESP, and records the operation —
 //! invoked, then allowed, denied, failed or unknown — in the shared history.
 
@@ -55,6 +56,12 @@ consistency = "fast"
 algorithm = "sliding_log"
 limit = 4
 period = "2s"
+consistency = "fast"
+
+[limits.fw_fast]
+algorithm = "fixed_window"
+limit = 2
+period = "100ms"
 consistency = "fast"
 "#;
 
