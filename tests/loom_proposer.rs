@@ -52,6 +52,16 @@ fn send(inbox: Inbox, answer: Answer) {
     inbox.lock().unwrap().push(answer);
 }
 
+/// Caller `id` (fast if 0) with `n` commands (ids `id * 10 + i`), its room reserved.
+fn reserved(lane: &ProposerLane<Caller>, id: usize, n: usize, inbox: Inbox) -> Caller {
+    assert!(lane.reserve(n as u64, 100));
+    Caller {
+        commands: (0..n as u32).map(|i| id as u32 * 10 + i).collect(),
+        fast: id == 0,
+        inbox,
+    }
+}
+
 /// Two callers (one fast, one strict, `lens` commands each) and the proposer, which takes at
 /// most `max` commands per entry; every entry ends with `outcome`. With `open`, the
 /// proposer gathers ONE entry from its takes (the open entry of a full pipeline): each take
@@ -70,12 +80,7 @@ fn model_with(outcome: Outcome, max: usize, lens: [usize; 2], open: bool) {
                 let (lane, inbox) = (lane.clone(), inboxes[id].clone());
                 let n = lens[id];
                 thread::spawn(move || {
-                    assert!(lane.reserve(n as u64, 100));
-                    let caller = Caller {
-                        commands: (0..n as u32).map(|i| id as u32 * 10 + i).collect(),
-                        fast: id == 0,
-                        inbox,
-                    };
+                    let caller = reserved(&lane, id, n, inbox);
                     assert!(lane.push(caller).is_ok(), "the lane is open");
                 })
             })
@@ -206,12 +211,7 @@ fn a_closed_lane_strands_no_caller() {
                 // Two commands and one: a refusal must release the caller's own count.
                 let n = 2 - id;
                 thread::spawn(move || {
-                    assert!(lane.reserve(n as u64, 100));
-                    let caller = Caller {
-                        commands: (0..n as u32).map(|i| id as u32 * 10 + i).collect(),
-                        fast: id == 0,
-                        inbox,
-                    };
+                    let caller = reserved(&lane, id, n, inbox);
                     if let Err(refused) = lane.push(caller) {
                         send(refused.inbox, Err("refused"));
                     }
