@@ -171,10 +171,10 @@ enum Scenario {
     #[command(
         long_about = "Run the real 3-node cluster in a deterministic simulation under faults.\n\n\
         Each seed runs three nodes (WAL, Raft groups, peer transport, RESP API) on turmoil's \
-        simulated network and clocks while clients send checks (Zipf over a few hundred keys; \
-        strict and fast token bucket, GCRA and sliding log, and a fast fixed window) and a \
-        nemesis partitions, delays, holds and drops links, crashes and restarts nodes, and \
-        jumps, drifts and steps back clocks. Then it heals everything and checks: strict limits never over-admit; fast ones \
+        simulated network and clocks while clients send checks (Zipf over a few hundred \
+        keys; strict and fast token bucket, GCRA and sliding log, and a fast fixed window) \
+        and a nemesis partitions, delays, holds and drops links, crashes and restarts nodes, \
+        and jumps, drifts and steps back clocks. Then it heals everything and checks: strict limits never over-admit; fast ones \
         stay within their bound; no acknowledged strict admission is lost; replicas agree; \
         every shard has a leader and admits again within a bound. A run is a pure function of \
         its seed: a failing seed is printed with the command that reproduces it."

@@ -12,8 +12,9 @@ use quorate::sim::cluster::{
 };
 use std::time::Duration;
 
-/// Seeds in the sweep (per test; four tests share the sweep so both cores work; `.ci/run`
-/// adds 100 seeds on the release build, where a seed runs ~5x faster; each seed
+/// Seeds in the sweep (per test; four tests share the sweep so both cores work, and a fifth
+/// runs 10 seeds at 30 clients; `.ci/run` adds 130 seeds on the release build, where a seed
+/// runs ~5x faster; each seed
 /// runs in a `quorate` process of its own, so a failing seed's printed command replays
 /// exactly its run). Override with QUORATE_SIM_SEEDS (per test) for a longer local run.
 fn seeds_per_part() -> u64 {
@@ -93,10 +94,9 @@ fn sweep_under_heavy_fast_load_finds_no_violation() {
     sweep_seeds(&base, 1, 10);
 }
 
-/// Two fresh processes, the same seed (60 s with crashes, partitions and clock faults): the
-/// same bytes. (Within one process a second run is not yet identical after a crash fault:
-/// docs/verification.md, "Known gaps".)
-/// Named regression seeds: seeds that once reported a violation, kept so the fix stays.
+/// Named regression seeds: seeds that once reported a violation, kept so the fix stays. (The
+/// workload gained a policy since, `fw_fast`, so they no longer replay the runs that found
+/// those bugs; they stay as seeds that must run clean.)
 /// Seed 7 (20 s): the window checker counted admissions at the batch's stamp instead of the
 /// time apply used (`max(batch time, state time)`) and flagged a correct run.
 #[test]
@@ -109,6 +109,9 @@ fn regression_seed_7_window_check_uses_the_applied_time() {
     assert_clean(&r, &opts);
 }
 
+/// Two fresh processes, the same seed (60 s with crashes, partitions and clock faults): the
+/// same bytes. (Within one process a second run is not yet identical after a crash fault:
+/// docs/verification.md, "Known gaps".)
 #[test]
 fn the_same_seed_gives_a_byte_identical_trace() {
     let opts = Options {

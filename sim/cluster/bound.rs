@@ -104,4 +104,11 @@ mod tests {
         assert!(violation(&l, &at(&[0, 0, SECOND - 1])).is_some());
         assert!(violation(&l, &at(&[5 * SECOND, 5 * SECOND, 5 * SECOND])).is_some());
     }
+
+    #[test]
+    fn a_fixed_window_bound_counts_per_aligned_window() {
+        let l = Limit::new(Algorithm::FixedWindow, 2, SECOND, 2).unwrap();
+        assert!(violation(&l, &at(&[0, 1, SECOND, SECOND + 1])).is_none());
+        assert!(violation(&l, &at(&[0, 1, SECOND - 1])).is_some());
+    }
 }

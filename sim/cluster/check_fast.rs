@@ -2,21 +2,35 @@
 //!
 //! A fast check is answered by the shard leader from its speculative state (the committed
 //! state plus the entries it has in flight, at most `pipeline` per shard (1 here), and the open
-//! entry gathered while the pipeline is full) while its lease
-//! holds (`millis_since_quorum_ack < election_timeout_min`), before the entry commits. The
+//! entry gathered while the pipeline is full) while its lease holds (a majority acknowledged
+//! an entry it proposed within 80% of the election timeout), before the entry commits. The
 //! committed log itself is exact (apply decides, deterministically), so its admissions must
 //! keep the algorithm's bound like strict ones. The excess is the admissions clients were
 //! told of that the log does not hold as admissions: speculative answers whose entries were
 //! lost with a leader. The speculative state enforces the limit over everything in flight, so
-//! each lost batch of in-flight entries hands out at most one key's capacity again; the bound
-//! checked here is therefore `excess(key) <= capacity x (terms of the key's shard - 1)`
-//! (zero excess without a leader change).
+//! each lost batch of in-flight entries hands out at most one key's capacity again, per
+//! window it spans for a fixed window (whose count starts again at each boundary). The
+//! answers a lost leader gave span at most its lease, under the election timeout, so the
+//! bound checked here is `excess(key) <= allowance x (terms of the key's shard - 1)` (zero
+//! excess without a leader change), the allowance being the capacity, times
+//! `ceil(election timeout / period) + 1` for a fixed window.
 
 use super::bound;
 use super::history::{AppliedLog, History, Outcome};
-use crate::limiter::Nanos;
+use crate::limiter::{Algorithm, Limit, Nanos};
 use crate::shard::route::shard_of;
 use std::collections::BTreeMap;
+
+/// The most one leader change may let `limit` hand out again: its capacity, for each window
+/// a span of `lost` (the longest a lost leader's answers run) can touch if it is a fixed
+/// window.
+pub fn allowance(limit: &Limit, lost: Nanos) -> u64 {
+    let windows = match limit.algorithm() {
+        Algorithm::FixedWindow => lost.div_ceil(limit.period().max(1)) + 1,
+        _ => 1,
+    };
+    limit.capacity().saturating_mul(windows)
+}
 
 /// Measured excess: (total lost fast admissions, violations).
 pub fn check(
@@ -25,7 +39,7 @@ pub fn check(
     decisions: &BTreeMap<&str, (bool, Nanos)>,
     shards: u32,
     is_fast: impl Fn(&str) -> bool,
-    capacity_of: impl Fn(&str) -> u64,
+    allowance_of: impl Fn(&str) -> u64,
 ) -> (u64, Vec<String>) {
     let mut out: Vec<String> = super::check_strict::admissions(log, &is_fast)
         .into_iter()
@@ -52,7 +66,7 @@ pub fn check(
     for (key, n) in excess {
         let shard = shard_of(&key, shards) as u64;
         let changes = terms.get(&shard).map_or(0, |t| t.len().saturating_sub(1)) as u64;
-        let bound = capacity_of(&key) * changes;
+        let bound = allowance_of(&key) * changes;
         if n > bound {
             out.push(format!(
                 "fast over-admission on {key}: {n} admissions told to clients are not in the log; bound {bound} ({changes} leader changes of shard {shard})"
@@ -60,4 +74,19 @@ pub fn check(
         }
     }
     (total, out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::limiter::SECOND;
+
+    #[test]
+    fn a_fixed_window_is_allowed_its_limit_per_window_a_lost_span_touches() {
+        let window = Limit::new(Algorithm::FixedWindow, 2, SECOND / 10, 2).unwrap();
+        // 400 ms over 100 ms windows touches at most 5 of them.
+        assert_eq!(allowance(&window, 4 * SECOND / 10), 10);
+        let bucket = Limit::new(Algorithm::TokenBucket, 2, SECOND, 4).unwrap();
+        assert_eq!(allowance(&bucket, 4 * SECOND / 10), bucket.capacity());
+    }
 }

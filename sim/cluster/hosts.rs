@@ -26,6 +26,10 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+/// The nodes' election timeout (the shortest; openraft draws up to twice it). A leader's lease
+/// is 80% of it, so fast answers a lost leader gave span no more than this.
+pub const ELECTION_TIMEOUT: Duration = Duration::from_millis(400);
+
 pub const PEER_PORT: u16 = 7000;
 pub const RESP_PORT: u16 = 6379;
 pub const HTTP_PORT: u16 = 8080;
@@ -204,7 +208,7 @@ pub fn handles(
                 secret: "quorate-simulation-secret".into(),
                 wal_sync: !opts.controls.skip_fsync,
                 heartbeat: Duration::from_millis(100),
-                election_timeout: Duration::from_millis(400),
+                election_timeout: ELECTION_TIMEOUT,
                 unavailable_after: Duration::from_millis(500),
                 write_timeout: Duration::from_secs(1),
                 batch_max: 1024,

@@ -495,9 +495,10 @@ fn run_checked(opts: &Options) -> Report {
     let decisions = log.decisions();
     let consistency = |storage_key: &str| {
         let name = storage_key.split(':').next().unwrap_or("");
-        policies
-            .get(name)
-            .map(|(l, o)| (l.capacity(), o.consistency))
+        policies.get(name).map(|(l, o)| {
+            let lost = hosts::ELECTION_TIMEOUT.as_nanos() as crate::limiter::Nanos;
+            (check_fast::allowance(l, lost), o.consistency)
+        })
     };
     let mut ops = OpCounts::default();
     for op in &history.ops {

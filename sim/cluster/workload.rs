@@ -15,7 +15,8 @@ use rand_chacha::ChaCha8Rng;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-/// The policies the clients spend: every algorithm the checkers bound, strict and fast.
+/// The policies the clients spend: every algorithm the checkers bound, strict and fast (the
+/// fixed window fast only: its boundaries inside entries are what tests an entry's parts).
 /// Limits are small so hot keys hit them all the time.
 pub const POLICIES: &str = r#"
 [limits.tb_strict]
