@@ -16,9 +16,6 @@ use std::process::ExitCode;
 #[global_allocator]
 static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
-/// Whether [`no_transparent_huge_pages`] succeeded (logged once the node's logging is up).
-static THP_OFF: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
-
 /// Turns transparent huge pages off for this process (and the `quorate dev` members it
 /// starts), before the runtime allocates much; as Redis does (`disable-thp yes`). mimalloc
 /// asks for them on its arenas (`MADV_HUGEPAGE`), and each page it purges and touches again
@@ -174,10 +171,11 @@ enum Scenario {
         simulated network and clocks while clients send checks (Zipf over a few hundred \
         keys; strict and fast token bucket, GCRA and sliding log, and a fast fixed window) \
         and a nemesis partitions, delays, holds and drops links, crashes and restarts nodes, \
-        and jumps, drifts and steps back clocks. Then it heals everything and checks: strict limits never over-admit; fast ones \
-        stay within their bound; no acknowledged strict admission is lost; replicas agree; \
-        every shard has a leader and admits again within a bound. A run is a pure function of \
-        its seed: a failing seed is printed with the command that reproduces it."
+        and jumps, drifts and steps back clocks. Then it heals everything and checks: strict \
+        limits never over-admit; fast ones stay within their bound; no acknowledged strict \
+        admission is lost; replicas agree; every shard has a leader and admits again within a \
+        bound. A run is a pure function of its seed: a failing seed is printed with the \
+        command that reproduces it."
     )]
     Cluster(ClusterArgs),
 }
@@ -302,12 +300,9 @@ fn parse_duration(text: &str) -> Result<u64, String> {
 }
 
 fn main() -> ExitCode {
-    THP_OFF.store(
-        no_transparent_huge_pages(),
-        std::sync::atomic::Ordering::Relaxed,
-    );
+    let thp_off = no_transparent_huge_pages();
     let cli = Cli::parse();
-    match run(cli) {
+    match run(cli, thp_off) {
         Ok(()) => ExitCode::SUCCESS,
         Err(CliError::Denied) => ExitCode::from(1),
         Err(e) => {
@@ -344,9 +339,11 @@ impl CliError {
     }
 }
 
-fn run(cli: Cli) -> Result<(), CliError> {
+/// `thp_off`: whether [`no_transparent_huge_pages`] succeeded (a node logs it once its
+/// logging is up).
+fn run(cli: Cli, thp_off: bool) -> Result<(), CliError> {
     match cli.command {
-        Command::Node(args) => node::run(*args),
+        Command::Node(args) => node::run(*args, thp_off),
         Command::Check(args) => check(args),
         Command::Dev(args) => cli::dev::run(args).map_err(CliError::Node),
         Command::Health(args) => {
@@ -545,7 +542,7 @@ mod node {
     use std::path::Path;
     use std::sync::Arc;
 
-    pub fn run(args: NodeArgs) -> Result<(), CliError> {
+    pub fn run(args: NodeArgs, thp_off: bool) -> Result<(), CliError> {
         let file = match &args.config {
             Some(path) => NodeOptions::from_file(path).map_err(CliError::Settings)?,
             None => NodeOptions::default(),
@@ -578,7 +575,7 @@ mod node {
             .with_writer(std::io::stderr)
             .with_ansi(ansi)
             .init();
-        if !super::THP_OFF.load(std::sync::atomic::Ordering::Relaxed) {
+        if !thp_off {
             tracing::debug!(
                 "transparent huge pages stay on: the kernel refused PR_SET_THP_DISABLE"
             );
