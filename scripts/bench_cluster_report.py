@@ -55,6 +55,9 @@ with open(P("ping.csv")) as f:
         ping[r[0]] = float(r[5])  # p50 ms
 fsync_p50, fsync_p99, fsync_n = open(P("fsync.txt")).read().split()
 fsync_p50, fsync_p99 = float(fsync_p50), float(fsync_p99)
+fsync_cpu = None  # CPU 0 time per fdatasync'd append issued from CPU 0 (us), if measured
+if os.path.exists(P("fsync-cpu.txt")):
+    fsync_cpu = float(open(P("fsync-cpu.txt")).read().split()[0])
 rtt = ping["redis"]
 
 def sh(cmd):
@@ -125,6 +128,9 @@ if "quorate" in ping:
     L.append(f"| same against quorate node 1 | {ping['quorate']:.3f} ms |")
 L.append(f"| fdatasync of a 4 KiB append in the data directory, p50 / p99 ({fsync_n} calls) | "
          f"{fsync_p50:.3f} / {fsync_p99:.3f} ms |")
+if fsync_cpu is not None:
+    L.append(f"| CPU 0 time per fdatasync'd 4 KiB append issued from CPU 0 (the servers' core; "
+             f"includes the probe's own loop) | {fsync_cpu:.1f} us |")
 for (system, pipe), (s, a, d, e) in sorted(syncs.items()):
     if d > 0:
         L.append(f"| {system} -P {pipe}: fsyncs per decision (3 nodes' WAL syncs / decisions) | "
@@ -140,6 +146,57 @@ if os.path.exists(P("logs.csv")):
     L.append(f"| during the measurements: peer calls timed out / replication back-offs / "
              f"election log lines (3 nodes) | {sum(r[1] for r in rows)} / "
              f"{sum(r[2] for r in rows)} / {sum(r[3] for r in rows)} |")
+
+# Where the -P 1 gap comes from. At -P 1 the nodes' core is saturated, so throughput is one
+# core over the CPU a decision costs. With c = CPU per decision and n = decisions per entry,
+# c = E / n + d: E what an entry costs the three nodes (three fdatasyncs, the AppendEntries
+# round trips, the commit notice, applying it thrice), d what each decision costs besides (the
+# RESP request and reply, forwarding for two thirds of them, deciding). The strict and fast
+# runs share E and d but not n, which gives both (an estimate: a fast decision also updates
+# the leader's speculative copy).
+def per(system, pipe):
+    if (system, pipe) not in cpu or (system, pipe) not in syncs:
+        return None
+    t, d = cpu[(system, pipe)]
+    _, _, dec, ent = syncs[(system, pipe)]
+    return (t * tick_us / d, dec / ent) if d and ent else None
+def entry_reading():
+    ps, pf = per("cluster-strict", 1), per("cluster-fast", 1)
+    if not (ps and pf and ps[1] < pf[1] and ps[0] > pf[0]):
+        return []
+    (cs, ns), (cf, nf) = ps, pf
+    E = (cs - cf) / (1 / ns - 1 / nf)
+    d = cs - E / ns
+    if d <= 0:
+        return []  # the two runs disagree (a noisy machine): no reading
+    out = ["", "### Reading the -P 1 results: what an entry costs", "",
+           f"At -P 1 the servers' core is saturated, so decisions/s is one core over the CPU "
+           f"a decision costs: c = E / n + d, with n decisions per entry, E the CPU one entry "
+           f"costs the three nodes and d the CPU per decision besides. The strict run "
+           f"(c = {cs:.1f} us, n = {ns:.1f}) and the fast run (c = {cf:.1f} us, n = {nf:.1f}) "
+           f"give **E = {E:.0f} us per entry** and **d = {d:.1f} us per decision** (an "
+           f"estimate: it takes both kinds to cost the same per entry and per decision)."]
+    if fsync_cpu is not None:
+        out.append(f"Three fdatasyncs (one per replica) at {fsync_cpu:.0f} us of the core each "
+                   f"are {3 * fsync_cpu:.0f} us of E; the rest is the AppendEntries round trip "
+                   f"to two followers, openraft's separate commit notice to each, and applying "
+                   f"on three nodes.")
+    # One request in flight per connection: an entry holds at most the connections waiting on
+    # its shard, and the shard's next entry waits for the one in flight.
+    conns, shards = 3 * clients, int(os.environ.get("QUORATE_SHARDS", "3"))
+    n_max = conns / shards
+    best = E / n_max + d
+    line = (f"With {conns} connections of one request each over {shards} shards, an entry holds "
+            f"at most about {n_max:.0f} decisions, so a strict -P 1 decision costs at least "
+            f"E / {n_max:.0f} + d = {best:.1f} us (measured: {cs:.1f} us), and one core "
+            f"answers at most {1e6 / best:,.0f} strict decisions/s")
+    if ("redis-aof", 1) in runs:
+        r = med("redis-aof", 1, 0)
+        line += (f": **{1e6 / best / r:.2f}x** Redis AOF's {r:,.0f}/s (which is not CPU-bound: "
+                 f"it waits for its fsyncs) until E or d shrinks")
+    out.append(line + ".")
+    return out
+L += entry_reading()
 L.append("")
 L.append("### Targets")
 L.append("")
