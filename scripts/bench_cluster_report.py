@@ -39,6 +39,7 @@ if os.path.exists(P("counters.csv")):
                 t[i] += delta
 
 cpu = {}  # (system, pipeline) -> [clock ticks, decisions] summed over rounds
+stolen = None  # clock ticks the host took from this machine during the measured runs
 if os.path.exists(P("cpu.csv")):
     with open(P("cpu.csv")) as f:
         for r in csv.reader(f):
@@ -47,6 +48,8 @@ if os.path.exists(P("cpu.csv")):
             t = cpu.setdefault((r[0], int(r[1])), [0, 0])
             t[0] += int(r[2])
             t[1] += int(r[3])
+            if len(r) > 4:
+                stolen = (stolen or 0) + int(r[4])
 tick_us = 1e6 / os.sysconf("SC_CLK_TCK")
 
 ping = {}
@@ -141,6 +144,9 @@ for (system, pipe), (s, a, d, e) in sorted(syncs.items()):
 for (system, pipe), (t, d) in sorted(cpu.items()):
     L.append(f"| {system} -P {pipe}: server CPU per decision (user + system, all its processes) | "
              f"{t * tick_us / d:.1f} us |")
+if stolen is not None:
+    L.append(f"| during the measurements: time the host took from this virtual machine "
+             f"(steal, all cores; `/proc/stat`) | {stolen * tick_us / 1e6:.2f} s |")
 if os.path.exists(P("logs.csv")):
     rows = [list(map(int, r)) for r in csv.reader(open(P("logs.csv"))) if r]
     L.append(f"| during the measurements: peer calls timed out / replication back-offs / "

@@ -1,0 +1,89 @@
+# shellcheck shell=bash
+# Shared by scripts/bench-cluster and scripts/bench-ab (sourced, not run): a 3-node quorate
+# cluster on loopback pinned to CPU 0, and the counters both read.
+#
+# Ports: RESP 16481-16483, HTTP 18481-18483, peer 17481-17483.
+
+RESP=(16481 16482 16483) HTTP=(18481 18482 18483) PEER=(17481 17482 17483)
+NODE_PIDS=()
+
+# Fails if something already listens on any of the given ports.
+ports_free() {
+  local p
+  for p in "$@"; do
+    if (exec 3<>"/dev/tcp/127.0.0.1/$p") 2>/dev/null; then
+      echo "port $p is in use; stop what listens there first" >&2
+      return 1
+    fi
+  done
+}
+
+# start_nodes BIN DIR POLICIES [NAME=VALUE...]: starts the three members on CPU 0 (data and
+# logs under DIR, node-N and node-N.log), sets NODE_PIDS, and returns once every node
+# answers and the leaders have settled one per preferred node (shard g is led by member g
+# mod 3; the rebalance loop moves them there every few seconds), so no election happens
+# during a measurement. The environment (QUORATE_* settings) passes through to the nodes,
+# and the NAME=VALUE settings are added for these nodes only.
+start_nodes() {
+  local bin=$1 dir=$2 policies=$3 i
+  local extra=("${@:4}")
+  local peers="1=127.0.0.1:${PEER[0]},2=127.0.0.1:${PEER[1]},3=127.0.0.1:${PEER[2]}"
+  export QUORATE_CLUSTER_SECRET="${QUORATE_CLUSTER_SECRET:-bench-secret-$$-$RANDOM-$RANDOM}"
+  NODE_PIDS=()
+  for i in 1 2 3; do
+    env "${extra[@]}" taskset -c 0 "$bin" node --id $i --peers "$peers" --data-dir "$dir/node-$i" \
+      --http-addr 127.0.0.1:${HTTP[i-1]} --resp-addr 127.0.0.1:${RESP[i-1]} \
+      --policies "$policies" --log warn >"$dir/node-$i.log" 2>&1 &
+    NODE_PIDS+=($!)
+  done
+  python3 - "${NODE_PIDS[*]}" "${HTTP[@]}" <<'PY' || { tail -n 20 "$dir"/node-*.log >&2; return 1; }
+import json, os, sys, time, urllib.request
+pids, ports = sys.argv[1].split(), sys.argv[2:]
+deadline, last = time.time() + 90, None
+while time.time() < deadline:
+    for pid in pids:  # a node that exited (bad flag, port taken) is a zombie of the script
+        stat = f"/proc/{pid}/stat"
+        if not os.path.exists(stat) or open(stat).read().split()[2] == "Z":
+            print(f"node process {pid} exited", file=sys.stderr); sys.exit(1)
+    try:
+        leaders = []
+        for p in ports:
+            s = json.load(urllib.request.urlopen(f"http://127.0.0.1:{p}/v1/admin/status", timeout=2))
+            leaders.append([g.get("leader") for g in s["cluster"]["groups"]])
+        last = leaders[0]
+        if all(l == leaders[0] for l in leaders) and all(
+                l == g % len(ports) + 1 for g, l in enumerate(leaders[0])):
+            print("leaders settled:", leaders[0]); sys.exit(0)
+    except Exception as e:
+        last = e
+    time.sleep(0.5)
+print("cluster did not settle:", last, file=sys.stderr); sys.exit(1)
+PY
+}
+
+# Stops the members started by start_nodes and waits for them to exit.
+stop_nodes() {
+  [ "${#NODE_PIDS[@]}" -gt 0 ] || return 0
+  kill "${NODE_PIDS[@]}" 2>/dev/null || true
+  wait "${NODE_PIDS[@]}" 2>/dev/null || true
+  NODE_PIDS=()
+}
+
+# Sums over the three nodes: WAL syncs, WAL appends, decisions, Raft entries proposed (the
+# WAL gauges are refreshed once a second, hence the sleep before reading).
+counters() {
+  sleep 1.2
+  for p in "${HTTP[@]}"; do curl -s "http://127.0.0.1:$p/metrics"; done | awk '
+    /^quorate_wal_syncs /   { s += $2 }
+    /^quorate_wal_appends / { a += $2 }
+    /^quorate_decisions_total\{/ { d += $2 }
+    /^quorate_raft_entries_proposed\{/ { e += $2 }
+    END { printf "%d %d %d %d\n", s, a, d, e }'
+}
+
+# CPU time (user + system, clock ticks) the given processes have used, threads included.
+ticks() { local t=0 p; for p in "$@"; do t=$((t + $(awk '{print $14 + $15}' "/proc/$p/stat"))); done; echo $t; }
+
+# Clock ticks the hypervisor has taken from this machine (all cores): a run during which
+# this grows was slowed by the host, not by the code.
+steal() { awk '/^cpu /{print $9}' /proc/stat; }
