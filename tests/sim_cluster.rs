@@ -84,14 +84,18 @@ fn sweep_part_4_of_4_finds_no_violation() {
 /// Five times the clients (30), so a shard's fast callers keep arriving while its entry is
 /// in flight: entries are gathered in parts (the open entry), each part at its own shard
 /// time, and the log must repeat those times for the replicas to give the leader's answers.
-/// Seeds 1-10 (scripts/negative-controls breaks the parts' times and sees this fail).
+/// Seeds 11-20: scripts/negative-controls breaks the parts' times and sees this fail. That
+/// mutant shows in about one seed in eight (seeds 1-40 at 30 clients: 5 of 40, twice, with
+/// different seeds after a change to the peer writer's timing), so the range is the one
+/// where it showed (seeds 11 and 18) and the negative controls re-check it on every run:
+/// a change of timing that hides it there fails them, and the range moves.
 #[test]
 fn sweep_under_heavy_fast_load_finds_no_violation() {
     let base = Options {
         clients: 30,
         ..sweep_options()
     };
-    sweep_seeds(&base, 1, 10);
+    sweep_seeds(&base, 11, 10);
 }
 
 /// Named regression seeds: seeds that once reported a violation, kept so the fix stays. (The
