@@ -61,11 +61,16 @@ print("cluster did not settle:", last, file=sys.stderr); sys.exit(1)
 PY
 }
 
-# Stops the members started by start_nodes and waits for them to exit.
+# Stops the members started by start_nodes and waits for them to exit (SIGKILL after 10 s).
 stop_nodes() {
+  local p i
   [ "${#NODE_PIDS[@]}" -gt 0 ] || return 0
   kill "${NODE_PIDS[@]}" 2>/dev/null || true
-  wait "${NODE_PIDS[@]}" 2>/dev/null || true
+  for p in "${NODE_PIDS[@]}"; do
+    for i in $(seq 100); do kill -0 "$p" 2>/dev/null || break; sleep 0.1; done
+    kill -KILL "$p" 2>/dev/null || true
+    wait "$p" 2>/dev/null || true
+  done
   NODE_PIDS=()
 }
 

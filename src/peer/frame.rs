@@ -169,9 +169,9 @@ pub(crate) async fn read_full<R: AsyncRead + Unpin>(
 /// frame, it first yields once, so that the other tasks ready in this turn of the runtime
 /// (and those the next poll of the sockets wakes) queue theirs before the write: forwards
 /// that arrive together leave together (docs/benchmarks.md: 8-11% fewer `sendto` per
-/// decision at -P 1). A write that
-/// makes no progress for `idle` fails: a peer that stops reading (or a partition that fills
-/// the socket buffer) must not hold the connection, and everything queued on it, forever.
+/// decision at -P 1). A write that makes no progress for `idle` fails: a peer that stops
+/// reading (or a partition that fills the socket buffer) must not hold the connection, and
+/// everything queued on it, forever.
 pub(crate) async fn write_loop<W: AsyncWrite + Unpin>(
     mut w: W,
     mut rx: mpsc::Receiver<Frame>,
