@@ -7,6 +7,23 @@
 RESP=(16481 16482 16483) HTTP=(18481 18482 18483) PEER=(17481 17482 17483)
 NODE_PIDS=()
 
+# write_policies FILE: the policy file both scripts run. CL.THROTTLE key 15 30 60 is an inline
+# GCRA limit, strict (the default); the fast runs use the same limit by name, `fast_gcra`,
+# answered by the leader before commit.
+write_policies() {
+  cat > "$1" <<'TOML'
+[limits.fast_gcra]
+algorithm = "gcra"
+limit = 30
+period = "60s"
+burst = 16
+consistency = "fast"
+
+[inline]
+allow = true
+TOML
+}
+
 # Fails if something already listens on any of the given ports.
 ports_free() {
   local p
