@@ -6,8 +6,11 @@
 //! an entry it proposed within 80% of the election timeout), before the entry commits. The
 //! committed log itself is exact (apply decides, deterministically), so its admissions must
 //! keep the algorithm's bound like strict ones. The excess is the admissions clients were
-//! told of that the log does not hold as admissions: speculative answers whose entries were
-//! lost with a leader. The speculative state enforces the limit over everything in flight, so
+//! told of that are in no applied entry: speculative answers whose entries were lost with a
+//! leader. (An admission that is in the log as a denial is a violation by
+//! itself: the speculative state is the committed state with the same entries applied in
+//! the same order at the same times, so where the log holds a leader's answer it gives the
+//! same answer.) The speculative state enforces the limit over everything in flight, so
 //! each lost batch of in-flight entries hands out at most one key's capacity again, per
 //! window it spans for a fixed window (whose count starts again at each boundary). The
 //! answers a lost leader gave span at most its lease, under the election timeout, so the
@@ -50,17 +53,32 @@ pub fn check(
         .collect();
     let terms = log.terms();
     let mut excess: BTreeMap<String, u64> = BTreeMap::new();
+    let mut denied = Vec::new();
     for op in history
         .ops
         .iter()
         .filter(|o| o.fast && o.outcome == Outcome::Allowed)
     {
         let id = format!("{}#0", op.id);
-        if !matches!(decisions.get(id.as_str()), Some((true, _))) {
-            *excess
-                .entry(format!("{}:{}", op.policy, op.key))
-                .or_default() += 1;
+        match decisions.get(id.as_str()) {
+            Some((true, _)) => {}
+            Some((false, _)) => denied.push(format!(
+                "fast: {} ({} {}) was answered as admitted but the log denied it (the log must repeat the leader's answers)",
+                op.id, op.policy, op.key
+            )),
+            None => {
+                *excess
+                    .entry(format!("{}:{}", op.policy, op.key))
+                    .or_default() += 1
+            }
         }
+    }
+    let n = denied.len();
+    out.extend(denied.into_iter().take(10));
+    if n > 10 {
+        out.push(format!(
+            "... {n} fast admissions in all that the log denied"
+        ));
     }
     let total = excess.values().sum();
     for (key, n) in excess {
