@@ -285,7 +285,12 @@ impl NodeOptions {
     pub fn from_file(path: &std::path::Path) -> Result<Self, String> {
         let text = std::fs::read_to_string(path)
             .map_err(|e| format!("cannot read config file {}: {e}", path.display()))?;
-        toml::from_str(&text).map_err(|e| format!("config file {}: {e}", path.display()))
+        Self::from_toml(&text).map_err(|e| format!("config file {}: {e}", path.display()))
+    }
+
+    /// Parses a config file's text (unknown keys are refused).
+    pub fn from_toml(text: &str) -> Result<Self, String> {
+        toml::from_str(text).map_err(|e| e.to_string())
     }
 
     /// `self` where set, else `fallback`.

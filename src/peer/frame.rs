@@ -1,7 +1,7 @@
 //! Frames: `[u32 length BE][u8 kind][u64 id BE][body]`, `length` counting kind, id and body.
 //!
-//! The parsing is in two pure functions ([`parse_len`], [`parse_prefix`]) so that a fuzzer
-//! can drive them; [`read_frame`] only adds the reads. A length over the limit is refused
+//! The parsing is in two pure functions ([`parse_len`], [`parse_prefix`]); [`read_frame`]
+//! only adds the reads (fuzzed, with the bodies' decoding: `fuzz/fuzz_targets/peer_frame.rs`). A length over the limit is refused
 //! before the body is read, and the body buffer grows with the bytes that actually arrive, so
 //! a peer that announces a large frame and sends nothing costs no memory.
 
