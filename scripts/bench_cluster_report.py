@@ -82,7 +82,7 @@ L.append(f"Measured {datetime.date.today().isoformat()} by `scripts/bench-cluste
          "their WALs and Redis's AOF in one fresh temporary directory. Load: three "
          f"`redis-benchmark -c {clients} -r {keys} [-P 16]` processes at once, each with a "
          f"third of the {n:,} requests of a -P 1 run"
-         f"{f' ({n * scale:,} at -P 16)' if scale > 1 else ''} ({rounds} rounds); against the cluster one per node's RESP port (so two thirds "
+         f"{f' ({n * scale:,} at -P 16)' if scale > 1 and 16 in pipes else ''} ({rounds} rounds); against the cluster one per node's RESP port (so two thirds "
          "of the requests are forwarded to another node's leader), against Redis all on its "
          "port. **All servers share CPU 0 and the load generators CPU 1 (`taskset`): the "
          "three nodes together get the one core Redis gets, and do the work of three "
@@ -132,7 +132,7 @@ L.append("|---|---:|")
 L.append(f"| loopback round trip: `redis-benchmark -c 1 PING` p50 against Redis | {rtt:.3f} ms |")
 if "quorate" in ping:
     L.append(f"| same against quorate node 1 | {ping['quorate']:.3f} ms |")
-L.append(f"| fdatasync of a 4 KiB write in the data directory, into preallocated room as the "
+L.append(f"| a 4 KiB write + fdatasync in the data directory, into preallocated room as the "
          f"WAL writes, p50 / p99 ({fsync_n} calls) | "
          f"{fsync_p50:.3f} / {fsync_p99:.3f} ms |")
 if fsync_cpu is not None:

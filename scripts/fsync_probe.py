@@ -5,6 +5,9 @@ and fdatasync writes the data blocks only; see src/wal/writer.rs, `Writer::exten
     python3 scripts/fsync_probe.py DIR N latency   # prints: p50_ms p99_ms N
     python3 scripts/fsync_probe.py DIR N cpu       # prints: cpu_us N
 
+`latency` times each write + fdatasync (the write lands in the page cache: a few us of it).
+Not included: the WAL's larger sync after each 1 MiB of new zero-filled room (one in about
+250 writes of this size), which also writes the file's new size.
 `cpu` is the busy time of CPU 0 per write + fdatasync (all but idle, iowait and steal),
 meant to be run pinned to CPU 0 (taskset), where the servers and their WAL threads run.
 Used by scripts/bench-cluster.

@@ -280,6 +280,11 @@ pub struct NodeOptions {
     pub unsafe_no_fsync: Option<bool>,
 }
 
+/// The longest duration any setting takes: beyond it a timer or deadline could overflow (a
+/// heartbeat of 2^64 s doubled, an `Instant` pushed past its range), and no timeout of a rate
+/// limiter needs more.
+pub const MAX_SETTING_DURATION: Duration = Duration::from_secs(365 * 24 * 3600);
+
 impl NodeOptions {
     /// Reads a config file (TOML, the same keys as the flags with underscores).
     pub fn from_file(path: &std::path::Path) -> Result<Self, String> {
@@ -406,11 +411,16 @@ impl NodeOptions {
         let d = NodeConfig::default();
         let duration = |name: &str, v: &Option<String>, default: Duration| match v {
             None => Ok(default),
-            Some(text) => humantime::parse_duration(text).map_err(|e| {
-                format!(
+            Some(text) => match humantime::parse_duration(text) {
+                Ok(d) if d > MAX_SETTING_DURATION => Err(format!(
+                    "`{name}` = \"{text}\" is too long: at most {}",
+                    humantime::format_duration(MAX_SETTING_DURATION)
+                )),
+                Ok(d) => Ok(d),
+                Err(e) => Err(format!(
                     "`{name}` = \"{text}\" is not a duration ({e}); write e.g. \"500ms\", \"30s\""
-                )
-            }),
+                )),
+            },
         };
         let positive = |name: &str, v: u64| {
             if v == 0 {
@@ -583,6 +593,27 @@ mod tests {
             err.contains("`batch_linger`") && err.contains("500ms"),
             "{err}"
         );
+    }
+
+    /// Found by reading the `config_file` fuzz target's path: a heartbeat of u64::MAX
+    /// seconds used to overflow (and panic) when compared with twice itself.
+    #[test]
+    fn an_absurd_duration_is_refused_not_a_panic() {
+        let err = NodeOptions {
+            heartbeat: Some("18446744073709551615s".into()),
+            ..member()
+        }
+        .to_config()
+        .unwrap_err();
+        assert!(
+            err.contains("`heartbeat`") && err.contains("too long"),
+            "{err}"
+        );
+        let year = NodeOptions {
+            idle_timeout: Some("365days".into()),
+            ..member()
+        };
+        assert!(year.to_config().is_ok());
     }
 
     #[test]

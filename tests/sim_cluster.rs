@@ -86,7 +86,8 @@ fn sweep_part_4_of_4_finds_no_violation() {
 /// time, and the log must repeat those times for the replicas to give the leader's answers.
 /// scripts/negative-controls breaks the parts' times and sees this fail: a fast admission
 /// the log holds as a denial (`check_fast`). That mutant shows in 31 of seeds 1-40 at 30
-/// clients (8 of these 10), so a change of timing does not hide it from a 10-seed range.
+/// clients (8 of these 10, release build), so a change of timing is unlikely to hide it
+/// from a 10-seed range.
 #[test]
 fn sweep_under_heavy_fast_load_finds_no_violation() {
     let base = Options {
