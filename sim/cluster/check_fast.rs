@@ -1,24 +1,24 @@
 //! Invariant: a fast limit over-admits only within its bound.
 //!
-//! A fast check is answered by the shard leader from its speculative state (the committed
-//! state plus the entries it has in flight, at most `pipeline` per shard (1 here), and the open
-//! entry gathered while the pipeline is full) while its lease holds (a majority acknowledged
-//! an entry it proposed within 80% of the election timeout), before the entry commits. The
-//! committed log itself is exact (apply decides, deterministically), so its admissions must
-//! keep the algorithm's bound like strict ones. The excess is the admissions clients were
-//! told of that are in no applied entry: speculative answers whose entries were lost with a
-//! leader. (An admission that is in the log as a denial is a violation by
-//! itself: the speculative state is the committed state with the same entries applied in
-//! the same order at the same times, so where the log holds a leader's answer it gives the
-//! same answer. This assumes the simulation's policies keep `on_unavailable = "deny"`: an
-//! `allow` or `local` fallback admits without the log, while a forward whose outcome was
-//! unknown may still have been applied, as a denial.) The speculative state enforces the limit over everything in flight, so
-//! each lost batch of in-flight entries hands out at most one key's capacity again, per
-//! window it spans for a fixed window (whose count starts again at each boundary). The
-//! answers a lost leader gave span at most its lease, under the election timeout, so the
-//! bound checked here is `excess(key) <= allowance x (terms of the key's shard - 1)` (zero
-//! excess without a leader change), the allowance being the capacity, times
-//! `ceil(election timeout / period) + 1` for a fixed window.
+//! A fast check is answered by the shard leader from its speculative state (the committed state
+//! plus the entries it has in flight, at most `pipeline` per shard (1 here), and the open entry
+//! gathered while the pipeline is full) while its lease holds (a majority acknowledged an entry
+//! it proposed within 80% of the election timeout), before the entry commits. The committed log
+//! itself is exact (apply decides, deterministically), so its admissions must keep the
+//! algorithm's bound like strict ones. The excess is the admissions clients were told of that
+//! are in no applied entry: speculative answers whose entries were lost with a leader. (An
+//! admission that is in the log as a denial is a violation by itself: the speculative state is
+//! the committed state with the same entries applied in the same order at the same times, so
+//! where the log holds a leader's answer it gives the same answer. This assumes the
+//! simulation's policies keep `on_unavailable = "deny"`: an `allow` or `local` fallback admits
+//! without the log, while a forward whose outcome was unknown may still have been applied, as a
+//! denial.) The speculative state enforces the limit over everything in flight, so each lost
+//! batch of in-flight entries hands out at most one key's capacity again, per window it spans
+//! for a fixed window (whose count starts again at each boundary). The answers a lost leader
+//! gave span at most its lease, under the election timeout, so the bound checked here is
+//! `excess(key) <= allowance x (terms of the key's shard - 1)` (zero excess without a leader
+//! change), the allowance being the capacity, times `ceil(election timeout / period) + 1` for a
+//! fixed window.
 
 use super::bound;
 use super::history::{AppliedLog, History, Outcome};
