@@ -441,6 +441,7 @@ fn sim_cluster(a: ClusterArgs) -> Result<(), CliError> {
         }),
         twice: a.twice,
         trace_last: a.trace.clone(),
+        stop_at_first_failure: false,
     };
     let started = std::time::Instant::now(); // seam: the CLI's own progress timing
     let tty = std::io::stderr().is_terminal();

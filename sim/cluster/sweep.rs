@@ -12,7 +12,7 @@ use serde::{Deserialize, Serialize};
 use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Mutex;
 use std::time::Duration;
 
@@ -64,6 +64,10 @@ pub struct Plan {
     pub twice: bool,
     /// Write the last seed's event trace here.
     pub trace_last: Option<PathBuf>,
+    /// Start no further seed once one has failed (a test's sweep: one failing seed already
+    /// fails it, and a broken build then fails in seconds instead of running every seed;
+    /// seeds already running finish). The CLI runs them all, to list every failing seed.
+    pub stop_at_first_failure: bool,
 }
 
 /// The child command line that runs `opts` (one seed) and prints its [`SeedResult`].
@@ -157,7 +161,8 @@ fn run_seed(plan: &Plan, opts: &Options, last: bool) -> SeedResult {
 
 /// Runs seeds `first..first + count` with `base`'s other options (`base.clock_script` must be
 /// empty: a child cannot be given one), `plan.jobs` at a time, each in its own process.
-/// `progress` is called after each seed, in the order they finish.
+/// `progress` is called after each seed, in the order they finish. With
+/// `plan.stop_at_first_failure` the sweep may end early: [`Sweep::seeds`] says how many ran.
 pub fn sweep(
     base: &Options,
     first: u64,
@@ -166,10 +171,14 @@ pub fn sweep(
     progress: impl FnMut(u64, &SeedResult) + Send,
 ) -> Sweep {
     let next = AtomicU64::new(0);
+    let failed = AtomicBool::new(false);
     let shared = Mutex::new((Vec::new(), progress));
     std::thread::scope(|scope| {
         for _ in 0..plan.jobs.max(1) {
             scope.spawn(|| loop {
+                if plan.stop_at_first_failure && failed.load(Ordering::Relaxed) {
+                    return;
+                }
                 let i = next.fetch_add(1, Ordering::Relaxed);
                 if i >= count {
                     return;
@@ -179,6 +188,9 @@ pub fn sweep(
                     ..base.clone()
                 };
                 let r = run_seed(plan, &opts, i + 1 == count);
+                if !r.violations.is_empty() {
+                    failed.store(true, Ordering::Relaxed);
+                }
                 let mut guard = shared.lock().unwrap_or_else(|p| p.into_inner());
                 let (done, progress) = &mut *guard;
                 done.push(r);
@@ -257,5 +269,41 @@ impl Sweep {
             let _ = writeln!(t, "  reproduce: {}", reproduce(&opts));
         }
         t
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A binary that cannot run fails every seed ("cannot run ..."), without simulating.
+    fn broken(stop_at_first_failure: bool, jobs: usize) -> Sweep {
+        let plan = Plan {
+            exe: PathBuf::from("/nonexistent/quorate"),
+            jobs,
+            twice: false,
+            trace_last: None,
+            stop_at_first_failure,
+        };
+        sweep(&Options::default(), 1, 8, &plan, |_, _| {})
+    }
+
+    #[test]
+    fn a_sweep_that_stops_at_the_first_failure_starts_no_further_seed() {
+        let s = broken(true, 1);
+        assert_eq!((s.seeds, s.failing.len()), (1, 1));
+        assert_eq!(s.failing[0].0, 1);
+        assert!(s.failing[0].1[0].contains("cannot run"), "{:?}", s.failing);
+        // Two at once: the other worker may have taken a seed before the first failed.
+        let s = broken(true, 2);
+        assert!((1..=2).contains(&s.seeds), "{} seeds ran", s.seeds);
+    }
+
+    #[test]
+    fn a_sweep_told_to_go_on_runs_and_lists_every_failing_seed() {
+        let s = broken(false, 2);
+        assert_eq!((s.seeds, s.failing.len()), (8, 8));
+        let seeds: Vec<u64> = s.failing.iter().map(|f| f.0).collect();
+        assert_eq!(seeds, (1..=8).collect::<Vec<_>>());
     }
 }
