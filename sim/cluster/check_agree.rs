@@ -6,18 +6,12 @@ use super::history::{AppliedLog, Digests};
 
 /// `digests`: per node, `(shard, applied index, digest)` after the run healed.
 pub fn check(log: &AppliedLog, digests: &Digests) -> Vec<String> {
-    let mut out: Vec<String> = log
-        .conflicts
-        .iter()
-        .take(10)
-        .map(|c| format!("divergent apply: {c}"))
-        .collect();
-    if log.conflicts.len() > 10 {
-        out.push(format!(
-            "... {} divergent applies in all",
-            log.conflicts.len()
-        ));
-    }
+    let mut out = super::first_ten(
+        log.conflicts
+            .iter()
+            .map(|c| format!("divergent apply: {c}")),
+        "divergent applies",
+    );
     let Some((first_id, first)) = digests.first() else {
         return out;
     };

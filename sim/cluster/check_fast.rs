@@ -75,13 +75,10 @@ pub fn check(
             }
         }
     }
-    let n = denied.len();
-    out.extend(denied.into_iter().take(10));
-    if n > 10 {
-        out.push(format!(
-            "... {n} fast admissions in all that the log denied"
-        ));
-    }
+    out.extend(super::first_ten(
+        denied.into_iter(),
+        "fast admissions that the log denied",
+    ));
     let total = excess.values().sum();
     for (key, n) in excess {
         let shard = shard_of(&key, shards) as u64;

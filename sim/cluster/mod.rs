@@ -225,6 +225,18 @@ pub fn reproduce(opts: &Options) -> String {
     cmd
 }
 
+/// The first ten of a check's `lines` (formatted lazily), then `... N {what} in all` when
+/// there were more: a violation that repeats thousands of times stays a short report.
+fn first_ten(lines: impl ExactSizeIterator<Item = String>, what: &str) -> Vec<String> {
+    const SHOWN: usize = 10;
+    let n = lines.len();
+    let mut out: Vec<String> = lines.take(SHOWN).collect();
+    if n > SHOWN {
+        out.push(format!("... {n} {what} in all"));
+    }
+    out
+}
+
 fn ns(d: Duration) -> u64 {
     u64::try_from(d.as_nanos()).unwrap_or(u64::MAX)
 }
@@ -608,4 +620,23 @@ async fn probe(
         }
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::first_ten;
+
+    fn lines(n: usize) -> Vec<String> {
+        (0..n).map(|i| format!("v{i}")).collect()
+    }
+
+    #[test]
+    fn first_ten_keeps_ten_lines_and_counts_the_rest() {
+        assert_eq!(first_ten(lines(10).into_iter(), "x"), lines(10));
+        let out = first_ten(lines(11).into_iter(), "divergent applies");
+        assert_eq!(out.len(), 11);
+        assert_eq!(out[..10], lines(10)[..]);
+        assert_eq!(out[10], "... 11 divergent applies in all");
+        assert!(first_ten(lines(0).into_iter(), "x").is_empty());
+    }
 }
