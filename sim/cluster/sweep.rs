@@ -66,7 +66,8 @@ pub struct Plan {
     pub trace_last: Option<PathBuf>,
     /// Start no further seed once one has failed (a test's sweep: one failing seed already
     /// fails it, and a broken build then fails in seconds instead of running every seed;
-    /// seeds already running finish). The CLI runs them all, to list every failing seed.
+    /// seeds already running finish; `trace_last` is then not written, as the last seed
+    /// never ran). The CLI runs them all, to list every failing seed.
     pub stop_at_first_failure: bool,
 }
 
