@@ -48,7 +48,7 @@ fn sweep_part(part: u64) {
 
 /// Runs seeds `first..first + n` of `base`, one process each, and asserts none violated.
 /// It stops at the first failing seed (so a mutant of scripts/negative-controls is caught in
-/// one seed's time, not ten).
+/// one seed's time, not every seed's).
 fn sweep_seeds(base: &Options, first: u64, n: u64) {
     let plan = Plan {
         exe: env!("CARGO_BIN_EXE_quorate").into(),
@@ -91,7 +91,7 @@ fn sweep_part_4_of_4_finds_no_violation() {
 /// the log holds as a denial (`check_fast`). That mutant shows in 31 of seeds 1-40 at 30
 /// clients, and in 4 of these 6 on the debug build (11, 12, 14 and 16; the sweep stops at
 /// seed 11), so a change of timing is unlikely to hide it from the whole range. Six seeds,
-/// not ten: about 35 s of `cargo test` (10 took 59 s); `.ci/run` runs 30 more at 30
+/// not ten: 32.5 s of `cargo test` here (10 took 59 s); `.ci/run` runs 30 more at 30
 /// clients on the release build.
 #[test]
 fn sweep_under_heavy_fast_load_finds_no_violation() {
