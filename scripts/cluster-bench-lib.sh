@@ -2,9 +2,17 @@
 # Shared by scripts/bench-cluster and scripts/bench-ab (sourced, not run): a 3-node quorate
 # cluster on loopback pinned to CPU 0, and the counters both read.
 #
-# Ports: RESP 16481-16483, HTTP 18481-18483, peer 17481-17483.
+# Ports: RESP 16481-16483, HTTP 18481-18483, peer 17481-17483 (`use_ports 10` moves them
+# all up by 10, for a second cluster beside the first).
 
-RESP=(16481 16482 16483) HTTP=(18481 18482 18483) PEER=(17481 17482 17483)
+# use_ports OFFSET: the ports start_nodes, counters and the callers use from now on.
+use_ports() {
+  local o=$1
+  RESP=($((16481 + o)) $((16482 + o)) $((16483 + o)))
+  HTTP=($((18481 + o)) $((18482 + o)) $((18483 + o)))
+  PEER=($((17481 + o)) $((17482 + o)) $((17483 + o)))
+}
+use_ports 0
 NODE_PIDS=()
 
 # write_policies FILE: the policy file both scripts run. CL.THROTTLE key 15 30 60 is an inline
@@ -91,11 +99,14 @@ stop_nodes() {
   NODE_PIDS=()
 }
 
-# Sums over the three nodes: WAL syncs, WAL appends, decisions, Raft entries proposed (the
-# WAL gauges are refreshed once a second, hence the sleep before reading).
+# counters [HTTP_PORT...]: sums over the three nodes (those of HTTP by default): WAL syncs,
+# WAL appends, decisions, Raft entries proposed (the WAL gauges are refreshed once a second,
+# hence the sleep before reading).
 counters() {
+  local ports=("$@")
+  [ $# -gt 0 ] || ports=("${HTTP[@]}")
   sleep 1.2
-  for p in "${HTTP[@]}"; do curl -s "http://127.0.0.1:$p/metrics"; done | awk '
+  for p in "${ports[@]}"; do curl -s "http://127.0.0.1:$p/metrics"; done | awk '
     /^quorate_wal_syncs /   { s += $2 }
     /^quorate_wal_appends / { a += $2 }
     /^quorate_decisions_total\{/ { d += $2 }
