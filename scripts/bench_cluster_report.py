@@ -79,7 +79,8 @@ L.append(f"Measured {datetime.date.today().isoformat()} by `scripts/bench-cluste
          f"{sh('redis-server --version').split(' sha=')[0]}. Three `quorate node` processes on "
          f"one machine ({os.environ.get('QUORATE_SHARDS', '3')} shards (`QUORATE_SHARDS`; 3 is "
          "the cluster default), one Raft group each, "
-         "leaders spread one third per node, one runtime thread each), "
+         "leaders spread one third per node, one runtime thread each; three more, the *one "
+         "shard* cluster below, idle beside them while these are measured), "
          "their WALs and Redis's AOF in one fresh temporary directory. Load: three "
          f"`redis-benchmark -c {clients} -r {keys} [-P 16]` processes at once, each with a "
          f"third of the {n:,} requests of a -P 1 run"
@@ -174,10 +175,20 @@ if stolen is not None:
     L.append(f"| during the measurements: time the host took from this virtual machine "
              f"(steal, all cores; `/proc/stat`) | {stolen * tick_us / 1e6:.2f} s |")
 if os.path.exists(P("logs.csv")):
-    rows = [list(map(int, r)) for r in csv.reader(open(P("logs.csv"))) if r]
-    L.append(f"| during the measurements: peer calls timed out / replication back-offs / "
-             f"election log lines ({3 * ((len(rows) + 2) // 3)} nodes) | {sum(r[1] for r in rows)} / "
-             f"{sum(r[2] for r in rows)} / {sum(r[3] for r in rows)} |")
+    rows = [r for r in csv.reader(open(P("logs.csv"))) if r]
+    for name, pick in (("the first cluster", lambda n: not n.startswith("one-")),
+                       ("the one-shard cluster", lambda n: n.startswith("one-"))):
+        mine = [list(map(int, r[1:4])) for r in rows if pick(r[0])]
+        if mine:
+            L.append(f"| during the measurements: peer calls timed out / replication "
+                     f"back-offs / election log lines, {name} ({len(mine)} nodes) | "
+                     f"{sum(r[0] for r in mine)} / {sum(r[1] for r in mine)} / "
+                     f"{sum(r[2] for r in mine)} |")
+if os.path.exists(P("waits.csv")):
+    waits = [r for r in csv.reader(open(P("waits.csv"))) if r and r[0] not in SKIP]
+    L.append("| cluster runs that first waited for their shards' preferred leaders (an election "
+             "since the run before) | " + (", ".join(f"{r[0]} -P {r[1]} ({float(r[2]):.1f} s)"
+                                                  for r in waits) or "none") + " |")
 
 # Where the -P 1 gap comes from. At -P 1 the nodes' core is saturated, so throughput is one
 # core over the CPU a decision costs. With c = CPU per decision and n = decisions per entry,
@@ -253,11 +264,12 @@ for pair in ("strict", "fast"):  # the issue's two pairs; the hot-key rows are f
                          f"**{'met' if x >= 1 else 'not met'}** ({x:.2f}x).")
 def spread(system, pipe):
     return med(system, pipe, 2) - med(system, pipe, 1)
+one = ", one shard, load at its leader"
 for q_sys, r_sys, pipe, load in [(f"{c}-strict", "redis-aof", p, f"-P {p}, saturating{l}")
-                                 for c, l in (("cluster", ""), ("one", ", one shard"))
+                                 for c, l in (("cluster", ""), ("one", one))
                                  for p in pipes] + [
         ("cluster-strict-light", "redis-aof-light", 1, "light load (3 x -c 1)"),
-        ("one-strict-light", "redis-aof-light", 1, "light load (3 x -c 1), one shard")]:
+        ("one-strict-light", "redis-aof-light", 1, "light load (3 x -c 1)" + one)]:
     if (q_sys, pipe) in runs:
         d = spread(q_sys, pipe)
         redis = (f"; Redis AOF under the same load: {spread(r_sys, pipe):.3f} ms"

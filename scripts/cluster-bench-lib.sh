@@ -61,10 +61,19 @@ start_nodes() {
       --policies "$policies" --log warn >"$dir/node-$i.log" 2>&1 &
     NODE_PIDS+=($!)
   done
-  python3 - "${NODE_PIDS[*]}" "${HTTP[@]}" <<'PY' || { tail -n 20 "$dir"/node-*.log >&2; return 1; }
+  leaders_settled 90 "${NODE_PIDS[*]}" "${HTTP[@]}" || { tail -n 20 "$dir"/node-*.log >&2; return 1; }
+}
+
+# leaders_settled SECONDS "PID..." HTTP_PORT...: waits (up to SECONDS) until the nodes agree
+# that shard g is led by member g mod 3 + 1 (the rebalance loop takes a shard back to its
+# preferred member every few seconds after an election), and prints "leaders settled after
+# T s: [...]". Fails if a node process has exited or the time runs out.
+leaders_settled() {
+  python3 - "$@" <<'PY'
 import json, os, sys, time, urllib.request
-pids, ports = sys.argv[1].split(), sys.argv[2:]
-deadline, last = time.time() + 90, None
+limit, pids, ports = float(sys.argv[1]), sys.argv[2].split(), sys.argv[3:]
+start = time.time()
+deadline, last = start + limit, None
 while time.time() < deadline:
     for pid in pids:  # a node that exited (bad flag, port taken) is a zombie of the script
         stat = f"/proc/{pid}/stat"
@@ -78,7 +87,7 @@ while time.time() < deadline:
         last = leaders[0]
         if all(l == leaders[0] for l in leaders) and all(
                 l == g % len(ports) + 1 for g, l in enumerate(leaders[0])):
-            print("leaders settled:", leaders[0]); sys.exit(0)
+            print(f"leaders settled after {time.time() - start:.1f} s:", leaders[0]); sys.exit(0)
     except Exception as e:
         last = e
     time.sleep(0.5)
