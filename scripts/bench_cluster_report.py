@@ -10,7 +10,7 @@ import csv, datetime, os, statistics, subprocess, sys
 out_dir, doc = sys.argv[1], sys.argv[2]
 P = lambda name: os.path.join(out_dir, name)
 
-SKIP = ("warmup", "one-warmup", "profile")  # not measurements
+SKIP = ("warmup", "one-warmup", "redis-warmup", "profile")  # not measurements
 runs = {}  # (system, pipeline) -> [(throughput, p50, p99)]
 with open(P("results.csv")) as f:
     lines = [r for r in csv.reader(f) if r]
@@ -176,6 +176,8 @@ if stolen is not None:
              f"(steal, all cores; `/proc/stat`) | {stolen * tick_us / 1e6:.2f} s |")
 if os.path.exists(P("logs.csv")):
     rows = [r for r in csv.reader(open(P("logs.csv"))) if r]
+    if any(r[0].isdigit() for r in rows):
+        sys.exit("logs.csv names no cluster (written by an older bench-cluster)")
     for name, pick in (("the first cluster", lambda n: not n.startswith("one-")),
                        ("the one-shard cluster", lambda n: n.startswith("one-"))):
         mine = [list(map(int, r[1:4])) for r in rows if pick(r[0])]
@@ -187,8 +189,13 @@ if os.path.exists(P("logs.csv")):
 if os.path.exists(P("waits.csv")):
     waits = [r for r in csv.reader(open(P("waits.csv"))) if r and r[0] not in SKIP]
     L.append("| cluster runs that first waited for their shards' preferred leaders (an election "
-             "since the run before) | " + (", ".join(f"{r[0]} -P {r[1]} ({float(r[2]):.1f} s)"
+             "since the run before) | " + (", ".join(f"{r[0]} -P {r[1]} ({r[2]} s)"
                                                   for r in waits) or "none") + " |")
+if os.path.exists(P("elections.csv")):
+    moved = [r for r in csv.reader(open(P("elections.csv"))) if r and r[0] not in SKIP]
+    L.append("| cluster runs during which a shard's term changed (an election: part of the run "
+             "measured another leader) | " + (", ".join(f"{r[0]} -P {r[1]}" for r in moved)
+                                               or "none") + " |")
 
 # Where the -P 1 gap comes from. At -P 1 the nodes' core is saturated, so throughput is one
 # core over the CPU a decision costs. With c = CPU per decision and n = decisions per entry,

@@ -67,14 +67,16 @@ start_nodes() {
 # leaders_settled SECONDS "PID..." HTTP_PORT...: waits (up to SECONDS) until the nodes agree
 # that shard g is led by member g mod 3 + 1 (the rebalance loop takes a shard back to its
 # preferred member every few seconds after an election), and prints "leaders settled after
-# T s: [...]". Fails if a node process has exited or the time runs out.
+# T s (N checks): [...]" (1 check: they were settled already). Fails if a node process has
+# exited or the time runs out.
 leaders_settled() {
   python3 - "$@" <<'PY'
 import json, os, sys, time, urllib.request
 limit, pids, ports = float(sys.argv[1]), sys.argv[2].split(), sys.argv[3:]
 start = time.time()
-deadline, last = start + limit, None
+deadline, last, checks = start + limit, None, 0
 while time.time() < deadline:
+    checks += 1
     for pid in pids:  # a node that exited (bad flag, port taken) is a zombie of the script
         stat = f"/proc/{pid}/stat"
         if not os.path.exists(stat) or open(stat).read().split()[2] == "Z":
@@ -87,12 +89,22 @@ while time.time() < deadline:
         last = leaders[0]
         if all(l == leaders[0] for l in leaders) and all(
                 l == g % len(ports) + 1 for g, l in enumerate(leaders[0])):
-            print(f"leaders settled after {time.time() - start:.1f} s:", leaders[0]); sys.exit(0)
+            print(f"leaders settled after {time.time() - start:.1f} s ({checks} checks):",
+                  leaders[0])
+            sys.exit(0)
     except Exception as e:
         last = e
     time.sleep(0.5)
 print("cluster did not settle:", last, file=sys.stderr); sys.exit(1)
 PY
+}
+
+# terms HTTP_PORT: every shard's Raft term as that node sees it, space-separated: a run
+# during which it changes saw an election (a leader elsewhere for a while: another layout).
+terms() {
+  curl -s "http://127.0.0.1:$1/v1/admin/status" | python3 -c '
+import json, sys
+print(" ".join(str(g.get("term")) for g in json.load(sys.stdin)["cluster"]["groups"]))'
 }
 
 # Stops the members started by start_nodes and waits for them to exit (SIGKILL after 10 s).
