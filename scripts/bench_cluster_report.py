@@ -10,7 +10,7 @@ import csv, datetime, os, statistics, subprocess, sys
 out_dir, doc = sys.argv[1], sys.argv[2]
 P = lambda name: os.path.join(out_dir, name)
 
-SKIP = ("warmup", "one-warmup", "redis-warmup", "profile")  # not measurements
+SKIP = ("profile",)  # not a measurement (bench-cluster empties the files after its warm-ups)
 runs = {}  # (system, pipeline) -> [(throughput, p50, p99)]
 with open(P("results.csv")) as f:
     lines = [r for r in csv.reader(f) if r]
@@ -29,12 +29,21 @@ def med(system, pipe, i):
     return statistics.median(v[i] for v in runs[(system, pipe)])
 
 syncs = {}  # (system, pipeline) -> [syncs, appends, decisions] summed over rounds
+moved = []  # (system, pipeline) of runs during which a Raft term changed (an election)
+rows_have_terms = False  # counters.csv from before the terms were counted has none
 if os.path.exists(P("counters.csv")):
     with open(P("counters.csv")) as f:
         for r in csv.reader(f):
             if r[0] in SKIP:
                 continue
-            s0, a0, d0, e0, s1, a1, d1, e1 = map(int, r[2:10])
+            v = list(map(int, r[2:]))
+            before, after = v[:len(v) // 2], v[len(v) // 2:]
+            s0, a0, d0, e0 = before[:4]
+            s1, a1, d1, e1 = after[:4]
+            if len(before) > 4:
+                rows_have_terms = True
+                if before[4] != after[4]:
+                    moved.append((r[0], r[1]))
             t = syncs.setdefault((r[0], int(r[1])), [0, 0, 0, 0])
             for i, delta in enumerate((s1 - s0, a1 - a0, d1 - d0, e1 - e0)):
                 t[i] += delta
@@ -109,13 +118,14 @@ L.append("**Rows marked *one shard*: a second cluster, laid out for the one core
 L.append("")
 L.append("| pair | pipeline | Redis+Lua decisions/s | cluster decisions/s | cluster / Redis | Redis p50 / p99 ms | cluster p50 / p99 ms |")
 L.append("|---|---:|---:|---:|---:|---:|---:|")
+ONE_LABEL = ", *one shard*, load at its leader"
 labels = {"strict": ("redis-aof", "cluster-strict",
                      "strict vs Redis `appendfsync always`"),
           "strict-one": ("redis-aof", "one-strict",
-                         "strict vs Redis `appendfsync always`, *one shard*, load at its leader"),
+                         "strict vs Redis `appendfsync always`" + ONE_LABEL),
           "fast": ("redis-mem", "cluster-fast", "fast vs Redis, no persistence"),
           "fast-one": ("redis-mem", "one-fast",
-                       "fast vs Redis, no persistence, *one shard*, load at its leader"),
+                       "fast vs Redis, no persistence" + ONE_LABEL),
           "strict-hot": ("redis-aof-hot", "cluster-strict-hot",
                          "strict vs Redis `appendfsync always`, 10 hot keys (mostly denied)")}
 ratios = {}
@@ -137,16 +147,12 @@ if ("cluster-strict-light", 1) in runs and ("redis-aof-light", 1) in runs:
     L.append("")
     L.append("| pair | load | Redis+Lua decisions/s | cluster decisions/s | Redis p50 / p99 ms | cluster p50 / p99 ms |")
     L.append("|---|---|---:|---:|---:|---:|")
-    L.append(f"| strict vs Redis `appendfsync always` | 3 x `-c 1` | "
-             f"{med('redis-aof-light', 1, 0):,.0f} | {med('cluster-strict-light', 1, 0):,.0f} | "
-             f"{med('redis-aof-light', 1, 1):.3f} / {med('redis-aof-light', 1, 2):.3f} | "
-             f"{med('cluster-strict-light', 1, 1):.3f} / {med('cluster-strict-light', 1, 2):.3f} |")
-    if ("one-strict-light", 1) in runs:
-        L.append(f"| strict vs Redis `appendfsync always`, *one shard*, load at its leader | "
-                 f"3 x `-c 1` | {med('redis-aof-light', 1, 0):,.0f} | "
-                 f"{med('one-strict-light', 1, 0):,.0f} | "
-                 f"{med('redis-aof-light', 1, 1):.3f} / {med('redis-aof-light', 1, 2):.3f} | "
-                 f"{med('one-strict-light', 1, 1):.3f} / {med('one-strict-light', 1, 2):.3f} |")
+    for q_sys, label in (("cluster-strict-light", ""), ("one-strict-light", ONE_LABEL)):
+        if (q_sys, 1) in runs:
+            L.append(f"| strict vs Redis `appendfsync always`{label} | 3 x `-c 1` | "
+                     f"{med('redis-aof-light', 1, 0):,.0f} | {med(q_sys, 1, 0):,.0f} | "
+                     f"{med('redis-aof-light', 1, 1):.3f} / {med('redis-aof-light', 1, 2):.3f} | "
+                     f"{med(q_sys, 1, 1):.3f} / {med(q_sys, 1, 2):.3f} |")
 L.append("")
 L.append("### Measured in the same run")
 L.append("")
@@ -191,10 +197,9 @@ if os.path.exists(P("waits.csv")):
     L.append("| cluster runs that first waited for their shards' preferred leaders (an election "
              "since the run before) | " + (", ".join(f"{r[0]} -P {r[1]} ({r[2]} s)"
                                                   for r in waits) or "none") + " |")
-if os.path.exists(P("elections.csv")):
-    moved = [r for r in csv.reader(open(P("elections.csv"))) if r and r[0] not in SKIP]
+if rows_have_terms:
     L.append("| cluster runs during which a shard's term changed (an election: part of the run "
-             "measured another leader) | " + (", ".join(f"{r[0]} -P {r[1]}" for r in moved)
+             "measured another leader) | " + (", ".join(f"{s} -P {p}" for s, p in moved)
                                                or "none") + " |")
 
 # Where the -P 1 gap comes from. At -P 1 the nodes' core is saturated, so throughput is one

@@ -99,14 +99,6 @@ print("cluster did not settle:", last, file=sys.stderr); sys.exit(1)
 PY
 }
 
-# terms HTTP_PORT: every shard's Raft term as that node sees it, space-separated: a run
-# during which it changes saw an election (a leader elsewhere for a while: another layout).
-terms() {
-  curl -s "http://127.0.0.1:$1/v1/admin/status" | python3 -c '
-import json, sys
-print(" ".join(str(g.get("term")) for g in json.load(sys.stdin)["cluster"]["groups"]))'
-}
-
 # Stops the members started by start_nodes and waits for them to exit (SIGKILL after 10 s).
 stop_nodes() {
   local p i
@@ -120,19 +112,19 @@ stop_nodes() {
   NODE_PIDS=()
 }
 
-# counters [HTTP_PORT...]: sums over the three nodes (those of HTTP by default): WAL syncs,
-# WAL appends, decisions, Raft entries proposed (the WAL gauges are refreshed once a second,
-# hence the sleep before reading).
+# counters HTTP_PORT...: sums over the given nodes: WAL syncs, WAL appends, decisions, Raft
+# entries proposed, and Raft terms (every shard's, as each node sees it: a change between two
+# readings means an election happened between them). The WAL and Raft gauges are refreshed
+# once a second, hence the sleep before reading.
 counters() {
-  local ports=("$@")
-  [ $# -gt 0 ] || ports=("${HTTP[@]}")
   sleep 1.2
-  for p in "${ports[@]}"; do curl -s "http://127.0.0.1:$p/metrics"; done | awk '
+  for p in "$@"; do curl -s "http://127.0.0.1:$p/metrics"; done | awk '
     /^quorate_wal_syncs /   { s += $2 }
     /^quorate_wal_appends / { a += $2 }
     /^quorate_decisions_total\{/ { d += $2 }
     /^quorate_raft_entries_proposed\{/ { e += $2 }
-    END { printf "%d %d %d %d\n", s, a, d, e }'
+    /^quorate_raft_term\{/ { t += $2 }
+    END { printf "%d %d %d %d %d\n", s, a, d, e, t }'
 }
 
 # CPU time (user + system, clock ticks) the given processes have used, threads included.
