@@ -68,6 +68,11 @@ pub struct ClusterSettings {
     pub batch_max: usize,
     /// Longest a leader holds a strict entry for the callers its last one answered.
     pub batch_linger: Duration,
+    /// Least time between a shard leader's entries while all their callers are `fast`
+    /// (answered already): fewer, larger entries for fast load.
+    pub fast_linger: Duration,
+    /// A fast-only entry is proposed at once when it holds this many commands.
+    pub fast_batch: usize,
     /// A shard's snapshot is taken after this many log entries since the last.
     pub snapshot_every: u64,
     /// Most entries a shard's leader has proposed and not yet seen committed.
@@ -258,6 +263,17 @@ pub struct NodeOptions {
     /// once [default: 2ms].
     #[arg(long, env = "QUORATE_BATCH_LINGER")]
     pub batch_linger: Option<String>,
+    /// Least time between a shard leader's log entries while every caller in the next one
+    /// is a `fast` check (answered at once from the leader's state, so none waits for it):
+    /// fewer, larger entries, less CPU per decision, and a replication lag up to this long.
+    /// A strict caller ends the wait; at most half the lease (80% of the election timeout)
+    /// is used; 0 proposes as soon as the pipeline has room [default: 20ms].
+    #[arg(long, env = "QUORATE_FAST_LINGER")]
+    pub fast_linger: Option<String>,
+    /// A fast-only entry held by `fast_linger` is proposed at once when it holds this many
+    /// decisions (at most `batch_max`) [default: 512].
+    #[arg(long, env = "QUORATE_FAST_BATCH")]
+    pub fast_batch: Option<usize>,
     /// Entries a shard's leader may have in flight (proposed, not yet committed); while they
     /// are, new checks wait and join the next entry [default: 1].
     #[arg(long, env = "QUORATE_PIPELINE")]
@@ -327,6 +343,8 @@ impl NodeOptions {
             write_timeout: self.write_timeout.or(fallback.write_timeout),
             batch_max: self.batch_max.or(fallback.batch_max),
             batch_linger: self.batch_linger.or(fallback.batch_linger),
+            fast_linger: self.fast_linger.or(fallback.fast_linger),
+            fast_batch: self.fast_batch.or(fallback.fast_batch),
             unsafe_no_fsync: self.unsafe_no_fsync.or(fallback.unsafe_no_fsync),
             join: self.join.or(fallback.join),
             snapshot_every: self.snapshot_every.or(fallback.snapshot_every),
@@ -395,6 +413,8 @@ impl NodeOptions {
             write_timeout: duration("write_timeout", &self.write_timeout, Duration::from_secs(2))?,
             batch_max: self.batch_max.unwrap_or(1024).max(1),
             batch_linger: duration("batch_linger", &self.batch_linger, Duration::from_millis(2))?,
+            fast_linger: duration("fast_linger", &self.fast_linger, Duration::from_millis(20))?,
+            fast_batch: self.fast_batch.unwrap_or(512).max(1),
             join: self.join.unwrap_or(false),
             pipeline: self.pipeline.unwrap_or(1).max(1),
             denial_cache: self.denial_cache.unwrap_or(100_000),
@@ -593,6 +613,30 @@ mod tests {
             err.contains("`batch_linger`") && err.contains("500ms"),
             "{err}"
         );
+    }
+
+    #[test]
+    fn fast_linger_defaults_to_20ms_and_fast_batch_to_512() {
+        let cluster = |linger: Option<&str>, batch: Option<usize>| {
+            NodeOptions {
+                fast_linger: linger.map(Into::into),
+                fast_batch: batch,
+                ..member()
+            }
+            .to_config()
+            .map(|c| {
+                let c = c.cluster.unwrap();
+                (c.fast_linger, c.fast_batch)
+            })
+        };
+        assert_eq!(cluster(None, None), Ok((Duration::from_millis(20), 512)));
+        assert_eq!(cluster(Some("0s"), Some(0)), Ok((Duration::ZERO, 1)));
+        assert_eq!(
+            cluster(Some("5ms"), Some(64)),
+            Ok((Duration::from_millis(5), 64))
+        );
+        let err = cluster(Some("later"), None).unwrap_err();
+        assert!(err.contains("`fast_linger`"), "{err}");
     }
 
     /// Found by reading the `config_file` fuzz target's path: a heartbeat of u64::MAX

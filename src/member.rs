@@ -265,6 +265,8 @@ pub async fn start<P: Listener, C: Connector>(
     cluster_config.forward_timeout = settings.unavailable_after;
     cluster_config.batch_max = settings.batch_max;
     cluster_config.batch_linger = settings.batch_linger;
+    cluster_config.fast_linger = settings.fast_linger;
+    cluster_config.fast_batch = settings.fast_batch;
     cluster_config.denial_cache = settings.denial_cache;
     cluster_config.join = settings.join;
     cluster_config.pipeline = settings.pipeline;

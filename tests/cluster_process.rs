@@ -515,6 +515,80 @@ fn proposed(cluster: &Cluster) -> u64 {
         .sum()
 }
 
+/// `--fast-linger`: an entry whose callers are all fast checks (answered before it commits)
+/// is held until the linger has passed since the leader's last entry, so checks spread over
+/// that time share one entry instead of one each; no fast caller waits for it, and a strict
+/// caller taken in ends the wait. A hold lasts at most half the lease (here 80% of a 2 s
+/// election timeout), so a linger of 2 s holds for 0.8 s. The same load with
+/// `--fast-linger 0` is the control: one entry per check, or close to it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn fast_only_entries_linger_without_holding_up_any_caller() {
+    let fast_key = "lingering";
+    // A strict key in the same shard, so that it joins the held entry.
+    let strict_key = (0..)
+        .map(|i| format!("strict-{i}"))
+        .find(|k| shard("count", k) == shard("fastcount", fast_key))
+        .unwrap();
+    for (linger, held) in [("2s", true), ("0s", false)] {
+        let extra = [
+            "--fast-linger",
+            linger,
+            "--election-timeout",
+            "2s",
+            "--heartbeat",
+            "500ms",
+            "--eviction-interval",
+            "1h",
+        ];
+        let cluster = blocking(move || Cluster::start(3, &policies(), &extra));
+        let started = Instant::now();
+        let at_leader = loop {
+            assert!(started.elapsed() < Duration::from_secs(30), "no leader");
+            match blocking(|| cluster.leader_of(0, shard("fastcount", fast_key))) {
+                Some(id) => break client(cluster.members[(id - 1) as usize].resp),
+                None => tokio::time::sleep(Duration::from_millis(100)).await,
+            }
+        };
+        let before = blocking(|| proposed(&cluster));
+        let mut slowest = Duration::ZERO;
+        for i in 0..40 {
+            let asked = Instant::now();
+            let a = at_leader.check(&[("fastcount", fast_key, 1)], None).await;
+            slowest = slowest.max(asked.elapsed());
+            assert!(a.unwrap().allowed, "fast check {i} (linger {linger})");
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        let asked = Instant::now();
+        let strict = at_leader.check(&[("count", &strict_key, 1)], None).await;
+        let strict_took = asked.elapsed();
+        assert!(
+            strict.unwrap().allowed,
+            "the strict check (linger {linger})"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        let added = blocking(|| proposed(&cluster)) - before;
+        eprintln!(
+            "linger {linger}: 41 checks in {added} entries; slowest fast {slowest:?}, strict {strict_took:?}"
+        );
+        assert!(
+            slowest < Duration::from_millis(300),
+            "a fast check took {slowest:?} (linger {linger})"
+        );
+        assert!(
+            strict_took < Duration::from_millis(300),
+            "the strict check waited {strict_took:?} for a held entry (linger {linger})"
+        );
+        if held {
+            assert!(added <= 3, "41 checks within 0.8 s took {added} entries");
+        } else {
+            assert!(
+                added >= 12,
+                "control: 41 checks 5 ms apart took only {added} entries"
+            );
+        }
+    }
+}
+
 /// A denial changes no state, so a strict leader answers it without a log entry: a flood of
 /// denied checks on one hot key reaches neither the log nor the followers, and each still
 /// gets the denial the log would have given.

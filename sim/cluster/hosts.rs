@@ -213,6 +213,8 @@ pub fn handles(
                 write_timeout: Duration::from_secs(1),
                 batch_max: 1024,
                 batch_linger: Duration::from_millis(2),
+                fast_linger: Duration::from_millis(20),
+                fast_batch: 512,
                 pipeline: 1,
                 denial_cache: 100_000,
                 snapshot_every: 20_000,

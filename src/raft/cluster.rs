@@ -77,6 +77,10 @@ pub struct ClusterConfig {
     /// last commit answered (see `propose_loop`; the runtime's timer rounds it up to a
     /// millisecond tick); zero proposes at once.
     pub batch_linger: Duration,
+    /// Least time between entries whose callers are all fast (answered already); a strict
+    /// caller, or `fast_batch` commands, ends the wait (see `propose_loop`).
+    pub fast_linger: Duration,
+    pub fast_batch: usize,
     /// Most entries a group's leader has submitted but not yet seen committed.
     pub pipeline: usize,
     /// A snapshot is taken after this many entries since the last.
@@ -103,6 +107,8 @@ impl ClusterConfig {
             unavailable_after: Duration::from_millis(500),
             batch_max: 4096,
             batch_linger: Duration::from_millis(2),
+            fast_linger: Duration::from_millis(20),
+            fast_batch: 512,
             pipeline: 4,
             snapshot_every: 20_000,
             join: false,
@@ -939,6 +945,15 @@ async fn propose_loop(cluster: Arc<Cluster>, group: Arc<Group>) {
     // Negative control only (see `hooks`): every caller answered early, lease or not.
     let unsafe_early = cluster.config.hooks.unsafe_answer_before_commit;
     let mut open: Option<Open> = None;
+    // Fast-only entries: proposed no sooner than `fast_linger` after the last entry, unless
+    // they hold `fast_batch` commands (see the wait below). At most half the lease: a hold
+    // that outlasted it would leave the next fast callers unanswerable early (the lease
+    // runs from the last committed entry's proposal).
+    let fast_linger = u64::try_from(cluster.config.fast_linger.as_nanos())
+        .unwrap_or(u64::MAX)
+        .min(lease_ns / 2);
+    let fast_batch = cluster.config.fast_batch.clamp(1, batch_max);
+    let mut last_proposed: Nanos = 0;
     // Callers and commands of the last round's entry (0 if it proposed none): what a
     // lingering entry waits for; and the callers of the entry before it.
     let mut last_entry = (0usize, 0usize);
@@ -948,8 +963,21 @@ async fn propose_loop(cluster: Arc<Cluster>, group: Arc<Group>) {
         // it full, into the open entry (opened for a fast caller: strict callers alone wait
         // in the lane, so the next entry gathers everything that arrives meanwhile); or room
         // for the open entry.
+        //
+        // An open entry whose callers were all answered early (fast checks) is held, pipeline
+        // room or not, until `fast_linger` has passed since the last entry was proposed or it
+        // holds `fast_batch` commands: no caller waits for it, and every entry costs each
+        // replica a WAL append, a share of an fsync and replication messages whatever it
+        // carries, so under fast load fewer, larger entries cost less CPU per decision
+        // (docs/benchmarks.md). Callers arriving meanwhile join it. A strict caller taken in
+        // ends the wait. At light load the last entry is long past: no wait.
         let permit = loop {
-            let permit = group.proposer.inflight.clone().try_acquire_owned().ok();
+            let hold = hold_for(&open, last_proposed, fast_linger, fast_batch, &cluster);
+            let permit = if hold.is_none() {
+                group.proposer.inflight.clone().try_acquire_owned().ok()
+            } else {
+                None
+            };
             let waiting = !lane.is_empty();
             if permit.is_some() && (waiting || open.is_some()) {
                 break permit;
@@ -959,7 +987,13 @@ async fn propose_loop(cluster: Arc<Cluster>, group: Arc<Group>) {
                 break None;
             }
             drop(permit);
-            if waiting || open.is_some() {
+            if let Some(left) = hold {
+                tokio::select! {
+                    biased;
+                    _ = tokio::time::sleep(Duration::from_nanos(left)) => {}
+                    _ = group.proposer.wake.notified() => {}
+                }
+            } else if waiting || open.is_some() {
                 tokio::select! {
                     biased; // room first; and no draw from the runtime's RNG
                     p = group.proposer.inflight.clone().acquire_owned() => match p {
@@ -1081,7 +1115,11 @@ async fn propose_loop(cluster: Arc<Cluster>, group: Arc<Group>) {
             if spec.as_ref().is_some_and(|s| s.term != term) {
                 spec = None;
             }
-            if spec.is_none() && any_fast && idle && group.raft.ensure_linearizable().await.is_ok()
+            if spec.is_none()
+                && any_fast
+                && idle
+                && group.raft.ensure_linearizable().await.is_ok()
+                && log_applied(&group)
             {
                 spec = Some(Speculative {
                     term,
@@ -1118,8 +1156,12 @@ async fn propose_loop(cluster: Arc<Cluster>, group: Arc<Group>) {
                 }
             }
         }
-        // Without room in the pipeline the entry stays open for the next callers.
+        // Without room in the pipeline the entry stays open for the next callers; and with
+        // room, if the fast linger holds it (it just took its first callers): the wait above.
         let Some(permit) = permit else { continue };
+        if hold_for(&open, last_proposed, fast_linger, fast_batch, &cluster).is_some() {
+            continue;
+        }
         let Some(Open {
             term,
             batch,
@@ -1134,6 +1176,7 @@ async fn propose_loop(cluster: Arc<Cluster>, group: Arc<Group>) {
         last_entry = (replies.len(), batch.commands.len());
         // The lease runs from here: the followers hear of the entry after this instant.
         let proposed_at = cluster.clock.monotonic();
+        last_proposed = proposed_at;
         let submitted = if group.raft.metrics().borrow().current_term == term {
             group.proposed.fetch_add(1, Ordering::Relaxed);
             group
@@ -1175,6 +1218,37 @@ async fn propose_loop(cluster: Arc<Cluster>, group: Arc<Group>) {
             spec = None;
         }
     }
+}
+
+/// Whether this node has applied every entry in its log. A leader's own entries in flight are
+/// known to its proposer, but a node restarted as the leader of the same term (openraft keeps
+/// a committed vote across a restart) may hold entries it proposed before the restart, not
+/// yet committed, after its term's first entry: `ensure_linearizable` does not wait for
+/// them, and a speculative copy made before they apply would miss what they consume (found
+/// by simulation seed 118 at 30 clients: a fast admission the log then denied).
+fn log_applied(group: &Group) -> bool {
+    let m = group.raft.metrics();
+    let m = m.borrow();
+    m.last_log_index == m.last_applied.map(|l| l.index)
+}
+
+/// How much longer `open` is held by the fast linger (see `propose_loop`): `None` if it is
+/// not (there is none, a caller in it waits for the commit, it is full enough, or
+/// `fast_linger` has passed since the last entry was proposed at `last_proposed`).
+fn hold_for(
+    open: &Option<Open>,
+    last_proposed: Nanos,
+    fast_linger: Nanos,
+    fast_batch: usize,
+    cluster: &Cluster,
+) -> Option<Nanos> {
+    let o = open.as_ref()?;
+    if fast_linger == 0 || !o.replies.all_answered() || o.batch.commands.len() >= fast_batch {
+        return None;
+    }
+    let until = last_proposed.saturating_add(fast_linger);
+    let now = cluster.clock.monotonic();
+    (now < until).then(|| until - now)
 }
 
 /// Tells the callers of an entry that will not be proposed (if any) so; those answered

@@ -141,6 +141,8 @@ pub struct Replies<R> {
     early: Vec<bool>,
     /// `None` once answered.
     replies: Vec<Option<R>>,
+    /// Callers not answered yet.
+    unanswered: usize,
 }
 
 impl<R> Replies<R> {
@@ -149,6 +151,7 @@ impl<R> Replies<R> {
             lengths: Vec::with_capacity(n),
             early: Vec::with_capacity(n),
             replies: Vec::with_capacity(n),
+            unanswered: 0,
         }
     }
 
@@ -157,6 +160,7 @@ impl<R> Replies<R> {
         self.lengths.push(len);
         self.early.push(early);
         self.replies.push(Some(reply));
+        self.unanswered += 1;
     }
 
     /// Files `other`'s callers after this table's: their commands follow in the entry.
@@ -164,6 +168,7 @@ impl<R> Replies<R> {
         self.lengths.extend(other.lengths);
         self.early.extend(other.early);
         self.replies.extend(other.replies);
+        self.unanswered += other.unanswered;
     }
 
     /// Callers filed.
@@ -174,6 +179,11 @@ impl<R> Replies<R> {
     /// Whether no caller is filed.
     pub fn is_empty(&self) -> bool {
         self.replies.is_empty()
+    }
+
+    /// Whether every caller has been answered (early): none waits for the commit.
+    pub fn all_answered(&self) -> bool {
+        self.unanswered == 0
     }
 
     /// Whether any caller may be answered early.
@@ -193,6 +203,7 @@ impl<R> Replies<R> {
             let part: Vec<A> = it.by_ref().take(*n).collect();
             if *early {
                 if let Some(r) = reply.take() {
+                    self.unanswered -= 1;
                     send(r, Ok(part));
                 }
             }
@@ -222,5 +233,55 @@ impl<R> Replies<R> {
                 }
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::Replies;
+
+    /// `all_answered` is what holds a fast-only entry back (`fast_linger`): it must turn
+    /// true only once every caller filed, appended ones included, has its answer.
+    #[test]
+    fn all_answered_counts_callers_filed_and_answered_early() {
+        let mut sent = Vec::new();
+        let mut r: Replies<u32> = Replies::with_capacity(2);
+        assert!(r.all_answered(), "no caller waits on an empty entry");
+        r.add(1, true, 1);
+        r.add(2, false, 2);
+        assert!(!r.all_answered());
+        r.answer_early(vec!['a', 'b', 'c'], |to, a: Result<Vec<char>, ()>| {
+            sent.push((to, a))
+        });
+        assert_eq!(sent, vec![(1, Ok(vec!['a']))]);
+        assert!(
+            !r.all_answered(),
+            "caller 2 is strict: it waits for the commit"
+        );
+        let mut fast: Replies<u32> = Replies::with_capacity(1);
+        fast.add(1, true, 3);
+        fast.answer_early(vec!['d'], |to, a: Result<Vec<char>, ()>| sent.push((to, a)));
+        assert!(fast.all_answered());
+        fast.add(1, true, 4);
+        assert!(
+            !fast.all_answered(),
+            "a caller filed after the early answers waits"
+        );
+        let mut only_fast: Replies<u32> = Replies::with_capacity(1);
+        only_fast.add(1, true, 5);
+        only_fast.answer_early(vec!['e'], |to, a: Result<Vec<char>, ()>| sent.push((to, a)));
+        let mut joined: Replies<u32> = Replies::with_capacity(0);
+        joined.append(only_fast);
+        assert!(joined.all_answered());
+        joined.append(r);
+        assert!(
+            !joined.all_answered(),
+            "appending a waiting caller is counted"
+        );
+        // Answering twice does not count twice.
+        joined.answer_early(vec!['x', 'y', 'z', 'w'], |to, a: Result<Vec<char>, ()>| {
+            sent.push((to, a))
+        });
+        assert!(!joined.all_answered());
     }
 }
