@@ -266,8 +266,8 @@ pub struct NodeOptions {
     /// Least time between a shard leader's log entries while every caller in the next one
     /// is a `fast` check (answered at once from the leader's state, so none waits for it):
     /// fewer, larger entries, less CPU per decision, and a replication lag up to this long.
-    /// A strict caller ends the wait; at most half the lease (80% of the election timeout)
-    /// is used; 0 proposes as soon as the pipeline has room [default: 20ms].
+    /// A strict caller ends the wait; at most half the lease (so 40% of the election
+    /// timeout) is used; 0 proposes as soon as the pipeline has room [default: 20ms].
     #[arg(long, env = "QUORATE_FAST_LINGER")]
     pub fast_linger: Option<String>,
     /// A fast-only entry held by `fast_linger` is proposed at once when it holds this many
