@@ -121,7 +121,8 @@ fn regression_seed_7_window_check_uses_the_applied_time() {
 /// entry proposed and not committed. Restarted, it led term 6 again (openraft keeps the
 /// committed vote) and built its speculative state before that entry applied, so it
 /// admitted a fast check that the log, applying the old entry first, denied. Fixed by
-/// `log_applied` in the proposer; without it this seed fails (seen on the release build).
+/// `log_applied` in the proposer; without it this seed fails (seen on the debug and release
+/// builds).
 #[test]
 fn regression_seed_118_a_leader_restarted_in_its_term_waits_for_its_old_entries() {
     let opts = Options {

@@ -1097,10 +1097,6 @@ async fn propose_loop(cluster: Arc<Cluster>, group: Arc<Group>) {
             pending
         };
         if !pending.is_empty() {
-            let taken_at = cluster.clock.monotonic();
-            let lease_from = group.lease_from.load(Ordering::SeqCst);
-            let lease =
-                unsafe_early || (lease_from > 0 && taken_at.saturating_sub(lease_from) < lease_ns);
             let mut replies = Replies::with_capacity(pending.len());
             let mut commands = Vec::new();
             for p in pending {
@@ -1137,6 +1133,12 @@ async fn propose_loop(cluster: Arc<Cluster>, group: Arc<Group>) {
             }
             let part = Batch::at(now, commands);
             let guessed = spec.as_mut().map(|s| s.state.apply(&part));
+            // The lease as of the answers, after the waits above (up to `unavailable_after`
+            // for a rebuilt copy, which can be longer than the lease).
+            let taken_at = cluster.clock.monotonic();
+            let lease_from = group.lease_from.load(Ordering::SeqCst);
+            let lease =
+                unsafe_early || (lease_from > 0 && taken_at.saturating_sub(lease_from) < lease_ns);
             // Fast callers are answered now, from the speculative state, while the lease
             // holds (a leader cut off from its majority stops answering early within a
             // lease): whether the entry is proposed now or stays open until the pipeline
