@@ -956,6 +956,18 @@ async fn propose_loop(cluster: Arc<Cluster>, group: Arc<Group>) {
         .unwrap_or(u64::MAX)
         .min(lease_ns / 2);
     let fast_batch = cluster.config.fast_batch.clamp(1, batch_max);
+    // How much longer `open` is held by the fast linger: `None` if it is not (there is
+    // none, a caller in it waits for the commit, it is full enough, or `fast_linger` has
+    // passed since the last entry was proposed at `last_proposed`).
+    let hold_for = |open: &Option<Open>, last_proposed: Nanos| -> Option<Nanos> {
+        let o = open.as_ref()?;
+        if fast_linger == 0 || !o.replies.all_answered() || o.batch.commands.len() >= fast_batch {
+            return None;
+        }
+        let until = last_proposed.saturating_add(fast_linger);
+        let now = cluster.clock.monotonic();
+        (now < until).then(|| until - now)
+    };
     let mut last_proposed: Nanos = 0;
     // Callers and commands of the last round's entry (0 if it proposed none): what a
     // lingering entry waits for; and the callers of the entry before it.
@@ -975,7 +987,7 @@ async fn propose_loop(cluster: Arc<Cluster>, group: Arc<Group>) {
         // (docs/benchmarks.md). Callers arriving meanwhile join it. A strict caller taken in
         // ends the wait. At light load the last entry is long past: no wait.
         let permit = loop {
-            let hold = hold_for(&open, last_proposed, fast_linger, fast_batch, &cluster);
+            let hold = hold_for(&open, last_proposed);
             let permit = if hold.is_none() {
                 group.proposer.inflight.clone().try_acquire_owned().ok()
             } else {
@@ -1165,7 +1177,7 @@ async fn propose_loop(cluster: Arc<Cluster>, group: Arc<Group>) {
         // Without room in the pipeline the entry stays open for the next callers; and with
         // room, if the fast linger holds it (it just took its first callers): the wait above.
         let Some(permit) = permit else { continue };
-        if hold_for(&open, last_proposed, fast_linger, fast_batch, &cluster).is_some() {
+        if hold_for(&open, last_proposed).is_some() {
             continue;
         }
         let Some(Open {
@@ -1245,25 +1257,6 @@ async fn log_applied(group: &Group, within: Duration) -> bool {
         )
         .await
         .is_ok()
-}
-
-/// How much longer `open` is held by the fast linger (see `propose_loop`): `None` if it is
-/// not (there is none, a caller in it waits for the commit, it is full enough, or
-/// `fast_linger` has passed since the last entry was proposed at `last_proposed`).
-fn hold_for(
-    open: &Option<Open>,
-    last_proposed: Nanos,
-    fast_linger: Nanos,
-    fast_batch: usize,
-    cluster: &Cluster,
-) -> Option<Nanos> {
-    let o = open.as_ref()?;
-    if fast_linger == 0 || !o.replies.all_answered() || o.batch.commands.len() >= fast_batch {
-        return None;
-    }
-    let until = last_proposed.saturating_add(fast_linger);
-    let now = cluster.clock.monotonic();
-    (now < until).then(|| until - now)
 }
 
 /// Tells the callers of an entry that will not be proposed (if any) so; those answered
