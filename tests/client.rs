@@ -24,6 +24,11 @@ fn policies() -> PolicySet {
 }
 
 async fn node(tweak: impl FnOnce(&mut NodeConfig)) -> SocketAddr {
+    node_on("127.0.0.1:0".parse().unwrap(), tweak).await
+}
+
+/// A node whose RESP listener is on `addr`.
+async fn node_on(addr: SocketAddr, tweak: impl FnOnce(&mut NodeConfig)) -> SocketAddr {
     let mut config = NodeConfig {
         http_addr: "127.0.0.1:0".parse().unwrap(),
         resp_addr: "127.0.0.1:0".parse().unwrap(),
@@ -33,9 +38,7 @@ async fn node(tweak: impl FnOnce(&mut NodeConfig)) -> SocketAddr {
     let service = Service::start(config, policies(), Arc::new(SystemClock::new()))
         .await
         .unwrap();
-    let listener = TcpListener::bind("127.0.0.1:0".parse().unwrap())
-        .await
-        .unwrap();
+    let listener = TcpListener::bind(addr).await.unwrap();
     let addr = listener.local_addr().unwrap();
     tokio::spawn(serve(listener, service, std::future::pending()));
     addr
@@ -49,6 +52,8 @@ fn client(addr: SocketAddr, connections: usize) -> Client {
             connections,
             timeout: Duration::from_secs(2),
             jitter_seed: 7,
+            down_for: Duration::from_secs(1),
+            failback_after: Duration::from_secs(10),
         },
     )
 }
@@ -223,6 +228,8 @@ async fn a_node_that_never_answers_times_out_and_the_next_call_reconnects() {
             connections: 1,
             timeout: Duration::from_millis(200),
             jitter_seed: 1,
+            down_for: Duration::from_secs(1),
+            failback_after: Duration::from_secs(10),
         },
     );
     let started = Instant::now();
@@ -264,4 +271,107 @@ async fn many_concurrent_calls_share_a_small_pool() {
     // 5 keys x 10 calls each: remaining 100..=91 per key.
     let want: Vec<u64> = (91..=100).flat_map(|r| [r; 5]).collect();
     assert_eq!(remaining, want);
+}
+
+/// A loopback address nothing listens on (now).
+async fn refusing_addr() -> SocketAddr {
+    let listener = TcpListener::bind("127.0.0.1:0".parse().unwrap())
+        .await
+        .unwrap();
+    listener.local_addr().unwrap()
+}
+
+fn client_of(nodes: &[SocketAddr], timeout: Duration, down_for: Duration) -> Client {
+    Client::with_nodes(
+        nodes.iter().copied(),
+        TcpConnector,
+        ClientConfig {
+            connections: 1,
+            timeout,
+            jitter_seed: 7,
+            down_for,
+            failback_after: Duration::from_millis(300),
+        },
+    )
+}
+
+/// Each node here is a node of its own (no cluster), so the remaining allowance of a key
+/// tells which node answered.
+#[tokio::test]
+async fn a_client_of_several_nodes_uses_the_next_while_the_first_refuses_and_returns_to_it() {
+    let first = refusing_addr().await;
+    let second = node(|_| {}).await;
+    let c = client_of(
+        &[first, second],
+        Duration::from_secs(2),
+        Duration::from_millis(100),
+    );
+    // The first node refuses: the call goes to the second at once, and so does the next.
+    assert_eq!(c.throttle("fo", 15, 30, 60, 1).await.unwrap().remaining, 15);
+    assert_eq!(c.throttle("fo", 15, 30, 60, 1).await.unwrap().remaining, 14);
+    // The first node starts; once the connection to the second is `failback_after` old,
+    // the client goes back to the first (a fresh bucket there).
+    node_on(first, |_| {}).await;
+    tokio::time::sleep(Duration::from_millis(400)).await;
+    assert_eq!(c.throttle("fo", 15, 30, 60, 1).await.unwrap().remaining, 15);
+    assert_eq!(c.throttle("fo", 15, 30, 60, 1).await.unwrap().remaining, 14);
+}
+
+#[tokio::test]
+async fn a_node_that_stops_answering_is_passed_over_after_one_timeout() {
+    // The first node accepts and reads but never replies (a paused or wedged process).
+    let listener = TcpListener::bind("127.0.0.1:0".parse().unwrap())
+        .await
+        .unwrap();
+    let first = listener.local_addr().unwrap();
+    tokio::spawn(async move {
+        let mut listener = listener;
+        while let Ok((mut s, _)) = listener.accept().await {
+            tokio::spawn(async move {
+                let mut sink = vec![0u8; 1024];
+                while matches!(s.read(&mut sink).await, Ok(n) if n > 0) {}
+            });
+        }
+    });
+    let second = node(|_| {}).await;
+    let timeout = Duration::from_millis(300);
+    let c = client_of(&[first, second], timeout, Duration::from_secs(30));
+    // Sent and unanswered: the outcome is unknown, so the error is the caller's to retry
+    // (with a request id); the client itself does not resend it.
+    assert_eq!(
+        c.throttle("stuck", 15, 30, 60, 1).await,
+        Err(ClientError::Timeout(timeout))
+    );
+    // The next calls go to the second node.
+    assert_eq!(
+        c.throttle("stuck", 15, 30, 60, 1).await.unwrap().remaining,
+        15
+    );
+    assert_eq!(
+        c.throttle("stuck", 15, 30, 60, 1).await.unwrap().remaining,
+        14
+    );
+}
+
+#[tokio::test]
+async fn every_node_down_is_one_connect_error_naming_each() {
+    let (a, b) = (refusing_addr().await, refusing_addr().await);
+    let c = client_of(&[a, b], Duration::from_secs(2), Duration::from_secs(30));
+    for _ in 0..2 {
+        // Down nodes are still tried when no node is up.
+        let e = c.ping().await.unwrap_err();
+        let ClientError::Connect(m) = &e else {
+            panic!("{e:?}")
+        };
+        assert!(
+            m.contains(&a.to_string()) && m.contains(&b.to_string()),
+            "{m}"
+        );
+        assert!(e.is_retryable());
+    }
+    let none = client_of(&[], Duration::from_secs(2), Duration::from_secs(30));
+    assert_eq!(
+        none.ping().await,
+        Err(ClientError::Connect("no node address given".into()))
+    );
 }

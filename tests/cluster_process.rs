@@ -83,6 +83,8 @@ fn client(addr: std::net::SocketAddr) -> Client {
             connections: 2,
             timeout: Duration::from_secs(5),
             jitter_seed: 7,
+            down_for: Duration::from_secs(1),
+            failback_after: Duration::from_secs(10),
         },
     )
 }
@@ -432,21 +434,24 @@ async fn a_paused_fast_leader_admits_nothing_once_its_lease_lapsed() {
     paused_leader("fastsmall").await;
 }
 
+/// Elections slow enough (and eviction rare enough) that nothing but the test's own doing
+/// changes leaders or state for the seconds a test looks.
+const SLOW_ELECTIONS: [&str; 6] = [
+    "--election-timeout",
+    "2s",
+    "--heartbeat",
+    "500ms",
+    "--eviction-interval",
+    "1h",
+];
+
 /// Under strict, an admission is acknowledged only once a majority stored it. With both
 /// followers of a shard stopped, its leader's lease is still fresh (a long election timeout
 /// keeps it so for seconds): only waiting for the commit keeps it from answering "admitted"
 /// from its own state, which a kill -9 of it would then forget.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_strict_leader_cut_off_from_its_followers_acknowledges_nothing() {
-    let extra = [
-        "--election-timeout",
-        "2s",
-        "--heartbeat",
-        "500ms",
-        "--eviction-interval",
-        "1h",
-    ];
-    let cluster = blocking(move || Cluster::start(3, &policies(), &extra));
+    let cluster = blocking(move || Cluster::start(3, &policies(), &SLOW_ELECTIONS));
     let (limit, key) = ("down_deny", "cut");
     // A settled leader that just committed: 3 admitted through it, then a pause for those to
     // commit (one still in flight would hold the proposer's only slot), and it still leads.
@@ -532,18 +537,8 @@ async fn fast_only_entries_linger_without_holding_up_any_caller() {
         .find(|k| shard("count", k) == shard("fastcount", fast_key))
         .unwrap();
     for (linger, held) in [("2s", true), ("0s", false)] {
-        let extra = [
-            "--fast-linger",
-            linger,
-            "--election-timeout",
-            "2s",
-            "--heartbeat",
-            "500ms",
-            "--eviction-interval",
-            "1h",
-            "--unsafe-no-fsync",
-            "true",
-        ];
+        let mut extra = vec!["--fast-linger", linger, "--unsafe-no-fsync", "true"];
+        extra.extend(SLOW_ELECTIONS);
         let cluster = blocking(move || Cluster::start(3, &policies(), &extra));
         let started = Instant::now();
         let at_leader = loop {
@@ -1095,4 +1090,67 @@ fn quorate_dev_runs_three_members_that_status_shows_and_stops_them_all() {
 
 extern "C" {
     fn kill(pid: i32, sig: i32) -> i32;
+}
+
+/// A client given every node's address (its own node first, as a sidecar's would be) rides
+/// through a kill -9 of that node: its calls go to the next node, none fails for good (with
+/// request ids and retries), no admission is lost or doubled, and once the node is back and
+/// the connections elsewhere are `failback_after` old, the client uses it again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_of_all_three_rides_through_a_kill_9_of_its_own_node() {
+    let mut cluster = blocking(|| Cluster::start(3, &policies(), &[]));
+    let c = Client::with_nodes(
+        cluster.members.iter().map(|m| m.resp),
+        quorate::net::tcp::TcpConnector,
+        ClientConfig {
+            connections: 2,
+            timeout: Duration::from_secs(5),
+            jitter_seed: 7,
+            down_for: Duration::from_secs(1),
+            failback_after: Duration::from_secs(1),
+        },
+    );
+    let retry = quorate::client::retry::RetryPolicy {
+        max_attempts: 20,
+        max_total: Duration::from_secs(20),
+        ..Default::default()
+    };
+    let resp_connections =
+        |cluster: &Cluster, i| metric(cluster, i, "quorate_connections{api=\"resp\"}");
+    let mut admitted = 0;
+    for i in 0..6 {
+        if i == 3 {
+            assert!(
+                resp_connections(&cluster, 0) > 0,
+                "the client did not start on node 1"
+            );
+            blocking(|| cluster.kill9(0));
+            // Both pooled connections are dead and node 1 refuses new ones: each call
+            // goes to node 2 at once (nothing was sent to node 1, so no retry is needed).
+            for _ in 0..4 {
+                c.ping().await.unwrap();
+            }
+        }
+        let id = format!("ride-{i}");
+        let a = c
+            .check_with_retry(&[("log", "ride", 1)], Some(&id), &retry)
+            .await;
+        assert!(a.as_ref().is_ok_and(|a| a.allowed), "check {i}: {a:?}");
+        admitted += 1;
+    }
+    assert_eq!(remaining(&c, "log", "ride").await, 10 - admitted);
+    blocking(|| {
+        cluster.spawn(0);
+        cluster.wait_ready(Duration::from_secs(30));
+    });
+    assert_eq!(resp_connections(&cluster, 0), 0);
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    for _ in 0..4 {
+        c.ping().await.unwrap();
+    }
+    assert!(
+        resp_connections(&cluster, 0) > 0,
+        "the client did not go back to node 1"
+    );
+    assert_eq!(remaining(&c, "log", "ride").await, 10 - admitted);
 }

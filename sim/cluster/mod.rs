@@ -596,6 +596,8 @@ async fn probe(
                     connections: 1,
                     timeout: Duration::from_secs(2),
                     jitter_seed: 0,
+                    down_for: Duration::from_secs(1),
+                    failback_after: Duration::from_secs(10),
                 },
             )
         })

@@ -135,6 +135,8 @@ pub async fn client(
                     connections: 1,
                     timeout: Duration::from_secs(4),
                     jitter_seed: (index * 16 + i) as u64,
+                    down_for: Duration::from_secs(1),
+                    failback_after: Duration::from_secs(10),
                 },
             )
         })

@@ -1,4 +1,5 @@
-//! `quorate::client::Client`: a typed client for a quorate node, over RESP.
+//! `quorate::client::Client`: a typed client for a quorate node, or for several nodes of
+//! one cluster, over RESP.
 //!
 //! A small pool of connections (each carries one request at a time; a call takes a free one,
 //! or waits for the next one in turn); every call is bounded by a timeout; a connection that
@@ -12,6 +13,17 @@
 //! or `TRYAGAIN` after a jittered backoff. Pass a request id to make transport retries safe:
 //! the node answers a repeated id from memory instead of spending twice. (A denial is retried
 //! under a derived id, `ID~1`, `ID~2`..., since a repeated id would only repeat the denial.)
+//!
+//! **Several nodes** ([`Client::with_nodes`]): every node of a cluster answers every key, so
+//! the client uses the first of its list that is up (list a sidecar's own node first). A
+//! node it could not connect to, or on which a call failed without an answer (reset,
+//! timeout), is passed over for [`ClientConfig::down_for`]; a call that could not connect
+//! tries the next node at once (nothing was sent, so nothing can be spent twice). A call
+//! that failed after sending still returns its error (the check may have been decided):
+//! retry it with a request id, which the cluster remembers whichever node is asked
+//! ([`Client::check_with_retry`] does). A connection to a later node is replaced once it is
+//! [`ClientConfig::failback_after`] old, so the client returns to the first node once it is
+//! back.
 //!
 //! ```
 //! use quorate::api::resp::serve;
@@ -62,6 +74,7 @@ use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 use tokio::sync::{Mutex, MutexGuard};
+use tokio::time::Instant;
 
 /// How a [`Client`] connects and how long it waits.
 #[derive(Debug, Clone)]
@@ -72,15 +85,23 @@ pub struct ClientConfig {
     pub timeout: Duration,
     /// Seed of the retry jitter (fix it for reproducible simulations).
     pub jitter_seed: u64,
+    /// With several nodes: how long a node is passed over after a connection to it failed.
+    pub down_for: Duration,
+    /// With several nodes: the age at which a connection to a node other than the first one
+    /// up is closed, so that the next call connects to that one.
+    pub failback_after: Duration,
 }
 
 impl Default for ClientConfig {
-    /// 4 connections, 1 s timeout, a jitter seed that differs between clients.
+    /// 4 connections, 1 s timeout, a jitter seed that differs between clients; a failed
+    /// node passed over for 1 s, failback after 10 s.
     fn default() -> Self {
         ClientConfig {
             connections: 4,
             timeout: Duration::from_secs(1),
             jitter_seed: std::collections::hash_map::RandomState::new().hash_one(0u8),
+            down_for: Duration::from_secs(1),
+            failback_after: Duration::from_secs(10),
         }
     }
 }
@@ -168,7 +189,8 @@ pub struct ThrottleAnswer {
     pub reset_after: Duration,
 }
 
-/// A pooled RESP client of one node. Cheap to clone (clones share the pool).
+/// A pooled RESP client of one node, or of the first node up of a list. Cheap to clone
+/// (clones share the pool).
 pub struct Client<C: Connector = TcpConnector> {
     shared: Arc<Shared<C>>,
 }
@@ -182,13 +204,81 @@ impl<C: Connector> Clone for Client<C> {
 }
 
 struct Shared<C: Connector> {
-    addr: SocketAddr,
+    nodes: Vec<Node>,
     connector: C,
     config: ClientConfig,
     /// One slot per pooled connection; `None` until first used or after a failure.
-    slots: Vec<Mutex<Option<Conn<C::Conn>>>>,
+    slots: Vec<Mutex<Option<Pooled<C::Conn>>>>,
     next: AtomicUsize,
     jitter: AtomicU64,
+    /// What `Node::down_until` counts from.
+    epoch: Instant,
+}
+
+struct Node {
+    addr: SocketAddr,
+    /// Passed over until this long after `Shared::epoch` (in ns; 0: never failed).
+    down_until: AtomicU64,
+}
+
+/// A pooled connection, with the node it goes to and when it was opened.
+struct Pooled<S> {
+    conn: Conn<S>,
+    node: usize,
+    opened: Instant,
+}
+
+/// Marks a node down when dropped armed: a call on it that failed, or that the timeout
+/// cancelled, without an answer.
+struct DownOnDrop<'a, C: Connector> {
+    shared: &'a Shared<C>,
+    node: Option<usize>,
+}
+
+impl<C: Connector> Drop for DownOnDrop<'_, C> {
+    fn drop(&mut self) {
+        if let Some(i) = self.node {
+            self.shared.mark_down(i);
+        }
+    }
+}
+
+impl<C: Connector> Shared<C> {
+    fn now(&self) -> u64 {
+        u64::try_from(self.epoch.elapsed().as_nanos()).unwrap_or(u64::MAX)
+    }
+
+    fn mark_down(&self, i: usize) {
+        let until = self
+            .now()
+            .saturating_add(u64::try_from(self.config.down_for.as_nanos()).unwrap_or(u64::MAX));
+        self.nodes[i]
+            .down_until
+            .store(until.max(1), Ordering::Relaxed);
+    }
+
+    fn is_up(&self, i: usize, now: u64) -> bool {
+        self.nodes[i].down_until.load(Ordering::Relaxed) <= now
+    }
+
+    /// The nodes to try, in order: those up, in list order, then those down (so that a
+    /// call still tries every node when all have failed lately).
+    fn order(&self) -> Vec<usize> {
+        let now = self.now();
+        let (mut up, down): (Vec<usize>, Vec<usize>) =
+            (0..self.nodes.len()).partition(|&i| self.is_up(i, now));
+        up.extend(down);
+        up
+    }
+
+    /// True when `p` should be replaced: it goes to a node after the first one up and is
+    /// `failback_after` old.
+    fn fails_back(&self, p: &Pooled<C::Conn>) -> bool {
+        let now = self.now();
+        p.node > 0
+            && p.opened.elapsed() >= self.config.failback_after
+            && (0..p.node).any(|i| self.is_up(i, now))
+    }
 }
 
 impl Client<TcpConnector> {
@@ -197,22 +287,46 @@ impl Client<TcpConnector> {
     pub fn new(addr: SocketAddr) -> Self {
         Client::with_connector(addr, TcpConnector, ClientConfig::default())
     }
+
+    /// A client of the first node up of `addrs` (nodes of one cluster, the preferred one
+    /// first) over TCP, with the default configuration: see the module doc.
+    pub fn cluster(addrs: impl IntoIterator<Item = SocketAddr>) -> Self {
+        Client::with_nodes(addrs, TcpConnector, ClientConfig::default())
+    }
 }
 
 impl<C: Connector> Client<C> {
     pub fn with_connector(addr: SocketAddr, connector: C, config: ClientConfig) -> Self {
+        Client::with_nodes([addr], connector, config)
+    }
+
+    /// A client of the first node up of `addrs`, the preferred one first (see the module
+    /// doc). With no address, every call fails with [`ClientError::Connect`].
+    pub fn with_nodes(
+        addrs: impl IntoIterator<Item = SocketAddr>,
+        connector: C,
+        config: ClientConfig,
+    ) -> Self {
+        let nodes = addrs
+            .into_iter()
+            .map(|addr| Node {
+                addr,
+                down_until: AtomicU64::new(0),
+            })
+            .collect();
         let slots = (0..config.connections.max(1))
             .map(|_| Mutex::new(None))
             .collect();
         let jitter = AtomicU64::new(config.jitter_seed);
         Client {
             shared: Arc::new(Shared {
-                addr,
+                nodes,
                 connector,
                 config,
                 slots,
                 next: AtomicUsize::new(0),
                 jitter,
+                epoch: Instant::now(),
             }),
         }
     }
@@ -324,33 +438,46 @@ impl<C: Connector> Client<C> {
         // The connection is taken out of its slot for the call: if the call fails, or is
         // cancelled by the timeout halfway, it is dropped (closed) rather than left holding
         // a reply that the next call would read.
-        let mut conn = match slot.take() {
-            Some(conn) => conn,
-            None => self.connect().await?,
+        let mut pooled = match slot.take() {
+            Some(p) if !self.shared.fails_back(&p) => p,
+            _ => self.connect().await?,
         };
-        let result = match conn.call(args).await {
-            Err(CallError::ClosedBeforeReply(_)) if conn.used => {
+        // Until an answer arrives, a failure (or the timeout) marks the node down.
+        let mut down = DownOnDrop {
+            shared: &self.shared,
+            node: Some(pooled.node),
+        };
+        let result = match pooled.conn.call(args).await {
+            Err(CallError::ClosedBeforeReply(_)) if pooled.conn.used => {
                 // The node had closed this pooled connection (idle) before our request:
                 // nothing was decided, so send it once more on a fresh connection.
-                conn = self.connect().await?;
-                conn.call(args).await
+                pooled = self.connect().await?;
+                down.node = Some(pooled.node);
+                pooled.conn.call(args).await
             }
             other => other,
         };
         match result {
             Ok((frame, keep)) => {
+                down.node = None;
                 if keep {
-                    *slot = Some(conn);
+                    *slot = Some(pooled);
                 }
                 Ok(frame)
             }
             Err(CallError::ClosedBeforeReply(m)) => Err(ClientError::Io(m)),
-            Err(CallError::Other(e)) => Err(e),
+            Err(CallError::Other(e)) => {
+                if matches!(e, ClientError::Protocol(_)) {
+                    // An answer, if a malformed one: the node is up.
+                    down.node = None;
+                }
+                Err(e)
+            }
         }
     }
 
     /// A free pooled slot, or the next one in turn when all are busy.
-    async fn slot(&self) -> MutexGuard<'_, Option<Conn<C::Conn>>> {
+    async fn slot(&self) -> MutexGuard<'_, Option<Pooled<C::Conn>>> {
         let slots = &self.shared.slots;
         let start = self.shared.next.fetch_add(1, Ordering::Relaxed);
         for i in 0..slots.len() {
@@ -361,13 +488,41 @@ impl<C: Connector> Client<C> {
         slots[start % slots.len()].lock().await
     }
 
-    async fn connect(&self) -> Result<Conn<C::Conn>, ClientError> {
-        self.shared
-            .connector
-            .connect(self.shared.addr)
-            .await
-            .map(Conn::new)
-            .map_err(|e| ClientError::Connect(format!("{}: {e}", self.shared.addr)))
+    /// A new connection to the first node up that accepts one (see [`Shared::order`]). With
+    /// several nodes, each attempt gets an equal share of the call's timeout, so that a node
+    /// that never completes the handshake leaves time for the others.
+    async fn connect(&self) -> Result<Pooled<C::Conn>, ClientError> {
+        let shared = &*self.shared;
+        let share = shared.config.timeout / u32::try_from(shared.nodes.len().max(1)).unwrap_or(1);
+        let mut failed = Vec::new();
+        for i in shared.order() {
+            let addr = shared.nodes[i].addr;
+            let attempt = shared.connector.connect(addr);
+            let result = if shared.nodes.len() > 1 {
+                tokio::time::timeout(share, attempt)
+                    .await
+                    .unwrap_or_else(|_| Err(std::io::ErrorKind::TimedOut.into()))
+            } else {
+                attempt.await
+            };
+            match result {
+                Ok(stream) => {
+                    return Ok(Pooled {
+                        conn: Conn::new(stream),
+                        node: i,
+                        opened: Instant::now(),
+                    })
+                }
+                Err(e) => {
+                    shared.mark_down(i);
+                    failed.push(format!("{addr}: {e}"));
+                }
+            }
+        }
+        if failed.is_empty() {
+            failed.push("no node address given".into());
+        }
+        Err(ClientError::Connect(failed.join("; ")))
     }
 
     /// The next jitter draw (splitmix64).
