@@ -128,9 +128,15 @@ struct CheckArgs {
     /// A request id: a retry with the same id gets the first answer and spends nothing more.
     #[arg(long, env = "QUORATE_REQUEST_ID")]
     request_id: Option<String>,
-    /// The node's RESP address.
-    #[arg(long, env = "QUORATE_RESP_ADDR", default_value = "127.0.0.1:6380")]
-    resp_addr: std::net::SocketAddr,
+    /// The node's RESP address; or several members' addresses, comma-separated, tried in
+    /// order (the first one up answers).
+    #[arg(
+        long,
+        env = "QUORATE_RESP_ADDR",
+        default_value = "127.0.0.1:6380",
+        value_delimiter = ','
+    )]
+    resp_addr: Vec<std::net::SocketAddr>,
 }
 
 #[derive(Debug, Args)]
@@ -481,7 +487,7 @@ fn check(args: CheckArgs) -> Result<(), CliError> {
         .build()
         .map_err(|e| CliError::Node(e.to_string()))?;
     let answer = runtime.block_on(async {
-        let client = Client::new(args.resp_addr);
+        let client = Client::cluster(args.resp_addr.iter().copied());
         if args.peek {
             client.peek(&args.limit, &args.key).await
         } else {
@@ -489,7 +495,10 @@ fn check(args: CheckArgs) -> Result<(), CliError> {
             client.check(&items, args.request_id.as_deref()).await
         }
     });
-    let answer = answer.map_err(|e| CliError::Settings(format!("{}: {e}", args.resp_addr)))?;
+    let answer = answer.map_err(|e| {
+        let addrs: Vec<String> = args.resp_addr.iter().map(|a| a.to_string()).collect();
+        CliError::Settings(format!("{}: {e}", addrs.join(",")))
+    })?;
     for i in &answer.items {
         let wait = match i.retry_after {
             Wait::Now => String::new(),
