@@ -181,6 +181,11 @@ pub struct History {
     /// One line per event, in the order the (single-threaded) simulation produced them.
     pub trace: String,
     pub faults: u64,
+    /// Per shard, how many times the nemesis crashed a node that led it (by its own
+    /// account): each crash loses the fast answers of the entries it had not replicated,
+    /// whether or not another node is elected before it restarts (a restarted node can lead
+    /// the same term again: openraft keeps a committed vote).
+    pub leader_crashes: BTreeMap<u64, u64>,
 }
 
 /// Formats simulated nanoseconds as seconds with millisecond precision.

@@ -159,11 +159,21 @@ impl Nemesis {
             }
             6 => {
                 let v = self.rng.random_range(0..n);
+                let led = nodes[v]
+                    .service()
+                    .and_then(|s| s.cluster().map(|c| c.led_shards()))
+                    .unwrap_or_default();
+                for &g in &led {
+                    *history.leader_crashes.entry(u64::from(g)).or_default() += 1;
+                }
                 sim.crash(name(v));
                 nodes[v].forget();
                 nodes[v].down.store(true, Ordering::SeqCst);
                 self.active.push(Active::Crashed(v));
-                history.fault(now, format_args!("crash {}", name(v)));
+                history.fault(
+                    now,
+                    format_args!("crash {} (leading shards {led:?})", name(v)),
+                );
             }
             7 => {
                 let v = self.rng.random_range(0..n);
