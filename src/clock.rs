@@ -20,6 +20,13 @@ pub trait Clock: Send + Sync + 'static {
 /// A shared clock handle.
 pub type SharedClock = Arc<dyn Clock>;
 
+/// The async runtime's monotonic clock, for code that times its own waits with tokio
+/// (`sleep`, `timeout`) and compares instants with them, such as the client's failover
+/// bookkeeping: tokio's clock is the simulated one under turmoil, and paused in tests.
+pub fn runtime_now() -> tokio::time::Instant {
+    tokio::time::Instant::now() // seam: the runtime's clock
+}
+
 /// The operating system's clocks.
 pub struct SystemClock {
     origin: Instant,

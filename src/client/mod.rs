@@ -64,6 +64,7 @@ pub mod resp;
 pub mod retry;
 
 use crate::api::resp::frame::Frame;
+use crate::clock::runtime_now;
 use crate::net::tcp::TcpConnector;
 use crate::net::Connector;
 use resp::{CallError, Conn};
@@ -326,7 +327,7 @@ impl<C: Connector> Client<C> {
                 slots,
                 next: AtomicUsize::new(0),
                 jitter,
-                epoch: Instant::now(),
+                epoch: runtime_now(),
             }),
         }
     }
@@ -510,7 +511,7 @@ impl<C: Connector> Client<C> {
                     return Ok(Pooled {
                         conn: Conn::new(stream),
                         node: i,
-                        opened: Instant::now(),
+                        opened: runtime_now(),
                     })
                 }
                 Err(e) => {
