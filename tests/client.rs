@@ -207,20 +207,7 @@ async fn a_connection_the_node_closed_as_idle_is_replaced_transparently() {
 
 #[tokio::test]
 async fn a_node_that_never_answers_times_out_and_the_next_call_reconnects() {
-    // A listener that accepts and reads but never replies.
-    let listener = TcpListener::bind("127.0.0.1:0".parse().unwrap())
-        .await
-        .unwrap();
-    let addr = listener.local_addr().unwrap();
-    tokio::spawn(async move {
-        let mut listener = listener;
-        while let Ok((mut s, _)) = listener.accept().await {
-            tokio::spawn(async move {
-                let mut sink = vec![0u8; 1024];
-                while matches!(s.read(&mut sink).await, Ok(n) if n > 0) {}
-            });
-        }
-    });
+    let addr = silent_node().await;
     let c = Client::with_connector(
         addr,
         TcpConnector,
@@ -273,6 +260,24 @@ async fn many_concurrent_calls_share_a_small_pool() {
     assert_eq!(remaining, want);
 }
 
+/// A listener that accepts and reads but never replies.
+async fn silent_node() -> SocketAddr {
+    let listener = TcpListener::bind("127.0.0.1:0".parse().unwrap())
+        .await
+        .unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(async move {
+        let mut listener = listener;
+        while let Ok((mut s, _)) = listener.accept().await {
+            tokio::spawn(async move {
+                let mut sink = vec![0u8; 1024];
+                while matches!(s.read(&mut sink).await, Ok(n) if n > 0) {}
+            });
+        }
+    });
+    addr
+}
+
 /// A loopback address nothing listens on (now).
 async fn refusing_addr() -> SocketAddr {
     let listener = TcpListener::bind("127.0.0.1:0".parse().unwrap())
@@ -320,19 +325,7 @@ async fn a_client_of_several_nodes_uses_the_next_while_the_first_refuses_and_ret
 #[tokio::test]
 async fn a_node_that_stops_answering_is_passed_over_after_one_timeout() {
     // The first node accepts and reads but never replies (a paused or wedged process).
-    let listener = TcpListener::bind("127.0.0.1:0".parse().unwrap())
-        .await
-        .unwrap();
-    let first = listener.local_addr().unwrap();
-    tokio::spawn(async move {
-        let mut listener = listener;
-        while let Ok((mut s, _)) = listener.accept().await {
-            tokio::spawn(async move {
-                let mut sink = vec![0u8; 1024];
-                while matches!(s.read(&mut sink).await, Ok(n) if n > 0) {}
-            });
-        }
-    });
+    let first = silent_node().await;
     let second = node(|_| {}).await;
     let timeout = Duration::from_millis(300);
     let c = client_of(&[first, second], timeout, Duration::from_secs(30));

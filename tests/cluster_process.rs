@@ -76,15 +76,23 @@ period = "1h"
 }
 
 fn client(addr: std::net::SocketAddr) -> Client {
-    Client::with_connector(
-        addr,
+    client_of([addr], Duration::from_secs(10))
+}
+
+/// A client of the first node up of `addrs` (2 connections, 5 s timeout).
+fn client_of(
+    addrs: impl IntoIterator<Item = std::net::SocketAddr>,
+    failback_after: Duration,
+) -> Client {
+    Client::with_nodes(
+        addrs,
         quorate::net::tcp::TcpConnector,
         ClientConfig {
             connections: 2,
             timeout: Duration::from_secs(5),
             jitter_seed: 7,
             down_for: Duration::from_secs(1),
-            failback_after: Duration::from_secs(10),
+            failback_after,
         },
     )
 }
@@ -1099,16 +1107,9 @@ extern "C" {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_client_of_all_three_rides_through_a_kill_9_of_its_own_node() {
     let mut cluster = blocking(|| Cluster::start(3, &policies(), &[]));
-    let c = Client::with_nodes(
+    let c = client_of(
         cluster.members.iter().map(|m| m.resp),
-        quorate::net::tcp::TcpConnector,
-        ClientConfig {
-            connections: 2,
-            timeout: Duration::from_secs(5),
-            jitter_seed: 7,
-            down_for: Duration::from_secs(1),
-            failback_after: Duration::from_secs(1),
-        },
+        Duration::from_secs(1),
     );
     let retry = quorate::client::retry::RetryPolicy {
         max_attempts: 20,
