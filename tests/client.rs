@@ -317,7 +317,10 @@ async fn a_client_of_several_nodes_uses_the_next_while_the_first_refuses_and_ret
     // The first node starts; once the connection to the second is `failback_after` old,
     // the client goes back to the first (a fresh bucket there).
     node_on(first, |_| {}).await;
-    tokio::time::sleep(Duration::from_millis(400)).await;
+    tokio::time::sleep(Duration::from_millis(150)).await;
+    // Not before: the connection to the second node is younger than 300 ms.
+    assert_eq!(c.throttle("fo", 15, 30, 60, 1).await.unwrap().remaining, 13);
+    tokio::time::sleep(Duration::from_millis(300)).await;
     assert_eq!(c.throttle("fo", 15, 30, 60, 1).await.unwrap().remaining, 15);
     assert_eq!(c.throttle("fo", 15, 30, 60, 1).await.unwrap().remaining, 14);
 }
@@ -366,5 +369,75 @@ async fn every_node_down_is_one_connect_error_naming_each() {
     assert_eq!(
         none.ping().await,
         Err(ClientError::Connect("no node address given".into()))
+    );
+}
+
+/// A node that read a request and closed the connection without an answer may have decided
+/// it (it crashed after its commit, say): the request is sent again only to the same node,
+/// never to another one, where it would be spent twice.
+#[tokio::test]
+async fn a_request_the_node_read_then_dropped_is_not_sent_to_another_node() {
+    // The first node answers one PING on one connection, then reads the next request,
+    // closes the connection and stops listening.
+    let listener = TcpListener::bind("127.0.0.1:0".parse().unwrap())
+        .await
+        .unwrap();
+    let first = listener.local_addr().unwrap();
+    tokio::spawn(async move {
+        let mut listener = listener;
+        let (mut s, _) = listener.accept().await.unwrap();
+        drop(listener);
+        let mut buf = vec![0u8; 1024];
+        let _ = s.read(&mut buf).await;
+        tokio::io::AsyncWriteExt::write_all(&mut s, b"+PONG\r\n")
+            .await
+            .unwrap();
+        let _ = s.read(&mut buf).await;
+    });
+    let second = node(|_| {}).await;
+    let c = client_of(
+        &[first, second],
+        Duration::from_secs(2),
+        Duration::from_secs(30),
+    );
+    c.ping().await.unwrap();
+    let e = c.throttle("twice", 15, 30, 60, 1).await.unwrap_err();
+    assert!(matches!(e, ClientError::Io(_)), "{e:?}");
+    // Nothing was spent on the second node.
+    let peek = client(second, 1)
+        .throttle("twice", 15, 30, 60, 0)
+        .await
+        .unwrap();
+    assert_eq!(peek.remaining, 16);
+}
+
+#[tokio::test]
+async fn a_node_at_its_connection_cap_passes_the_call_to_the_next() {
+    let first = node(|c| c.max_connections = 1).await;
+    let second = node(|_| {}).await;
+    // Another client holds the first node's only connection.
+    let other = client(first, 1);
+    other.ping().await.unwrap();
+    let c = client_of(
+        &[first, second],
+        Duration::from_secs(2),
+        Duration::from_secs(30),
+    );
+    assert_eq!(
+        c.throttle("cap", 15, 30, 60, 1).await.unwrap().remaining,
+        15
+    );
+    assert_eq!(
+        c.throttle("cap", 15, 30, 60, 1).await.unwrap().remaining,
+        14
+    );
+    // The first node's bucket is untouched.
+    assert_eq!(
+        other
+            .throttle("cap", 15, 30, 60, 1)
+            .await
+            .unwrap()
+            .remaining,
+        15
     );
 }

@@ -1126,11 +1126,20 @@ async fn a_client_of_all_three_rides_through_a_kill_9_of_its_own_node() {
                 "the client did not start on node 1"
             );
             blocking(|| cluster.kill9(0));
-            // Both pooled connections are dead and node 1 refuses new ones: each call
-            // goes to node 2 at once (nothing was sent to node 1, so no retry is needed).
+            // Both pooled connections are dead and node 1 refuses new ones. A pooled
+            // connection seen closed before the request is written is replaced by one to
+            // node 2; one whose close the client sees only after writing fails the call (its
+            // outcome is unknown to the client), at most once per pooled connection. Then
+            // every call goes to node 2.
+            let mut failed = 0;
+            for _ in 0..4 {
+                failed += usize::from(c.ping().await.is_err());
+            }
+            assert!(failed <= 2, "{failed} of 4 calls failed after the kill");
             for _ in 0..4 {
                 c.ping().await.unwrap();
             }
+            eprintln!("calls failed right after the kill: {failed} of 4");
         }
         let id = format!("ride-{i}");
         let a = c

@@ -15,15 +15,22 @@
 //! under a derived id, `ID~1`, `ID~2`..., since a repeated id would only repeat the denial.)
 //!
 //! **Several nodes** ([`Client::with_nodes`]): every node of a cluster answers every key, so
-//! the client uses the first of its list that is up (list a sidecar's own node first). A
-//! node it could not connect to, or on which a call failed without an answer (reset,
-//! timeout), is passed over for [`ClientConfig::down_for`]; a call that could not connect
-//! tries the next node at once (nothing was sent, so nothing can be spent twice). A call
-//! that failed after sending still returns its error (the check may have been decided):
-//! retry it with a request id, which the cluster remembers whichever node is asked
-//! ([`Client::check_with_retry`] does). A connection to a later node is replaced once it is
-//! [`ClientConfig::failback_after`] old, so the client returns to the first node once it is
-//! back.
+//! the client uses the first of its list that is up (list a sidecar's own node first).
+//! - A node that refused a connection, or on which a call failed without an answer (reset,
+//!   closed, the client's own timeout; not a call the caller dropped), is passed over for
+//!   [`ClientConfig::down_for`], and its pooled connections are replaced.
+//! - A call goes to another node only when nothing of it was sent: its connect failed, the
+//!   pooled connection was seen closed before the request was written, or the node answered
+//!   a new connection with "max number of clients" (it closes those unread). A request that
+//!   was written and got no answer is sent again only on a fresh connection to the same
+//!   node (the idle-close case), else the call returns its error: the check may have been
+//!   decided. Retry it with a request id, which the cluster remembers whichever node is
+//!   asked ([`Client::check_with_retry`] does).
+//! - A connection to a later node is replaced once it is [`ClientConfig::failback_after`]
+//!   old, if an earlier node accepts a connection within half the call's time left (else it
+//!   is kept): the client returns to the first node once it is back.
+//! - A member that answers is used, whatever it answers: one cut off from the others
+//!   answers with its limits' `on_unavailable` (deny by default), and the client stays.
 //!
 //! ```
 //! use quorate::api::resp::serve;
@@ -77,7 +84,8 @@ use std::time::Duration;
 use tokio::sync::{Mutex, MutexGuard};
 use tokio::time::Instant;
 
-/// How a [`Client`] connects and how long it waits.
+/// How a [`Client`] connects and how long it waits. Fields may be added: build it as
+/// `ClientConfig { timeout, ..ClientConfig::default() }`.
 #[derive(Debug, Clone)]
 pub struct ClientConfig {
     /// Connections in the pool: how many calls can be in flight at once (at least 1).
@@ -86,10 +94,11 @@ pub struct ClientConfig {
     pub timeout: Duration,
     /// Seed of the retry jitter (fix it for reproducible simulations).
     pub jitter_seed: u64,
-    /// With several nodes: how long a node is passed over after a connection to it failed.
+    /// With several nodes: how long a node is passed over after it refused a connection or
+    /// a call on it got no answer (reset, closed, timed out).
     pub down_for: Duration,
     /// With several nodes: the age at which a connection to a node other than the first one
-    /// up is closed, so that the next call connects to that one.
+    /// up is replaced by one to an earlier node (if one accepts; else it is kept).
     pub failback_after: Duration,
 }
 
@@ -222,26 +231,20 @@ struct Node {
     down_until: AtomicU64,
 }
 
+/// `on`'s value while a call is on no node.
+const NO_NODE: usize = usize::MAX;
+
+/// A node at its connection cap says this before it closes a new connection unread
+/// (`api::resp::server::MAX_CLIENTS_REPLY`).
+fn is_full(frame: &Frame) -> bool {
+    matches!(frame, Frame::Error(m) if m == "ERR max number of clients reached")
+}
+
 /// A pooled connection, with the node it goes to and when it was opened.
 struct Pooled<S> {
     conn: Conn<S>,
     node: usize,
     opened: Instant,
-}
-
-/// Marks a node down when dropped armed: a call on it that failed, or that the timeout
-/// cancelled, without an answer.
-struct DownOnDrop<'a, C: Connector> {
-    shared: &'a Shared<C>,
-    node: Option<usize>,
-}
-
-impl<C: Connector> Drop for DownOnDrop<'_, C> {
-    fn drop(&mut self) {
-        if let Some(i) = self.node {
-            self.shared.mark_down(i);
-        }
-    }
 }
 
 impl<C: Connector> Shared<C> {
@@ -426,55 +429,118 @@ impl<C: Connector> Client<C> {
     }
 
     /// Sends one request and returns its reply (a server error reply is `Ok(Frame::Error)`),
-    /// within the timeout.
+    /// within the timeout. If the timeout ends the call while it is on a node (connecting
+    /// or waiting for the reply), that node is marked down; a call the caller drops marks
+    /// nothing.
     async fn call(&self, args: &[&[u8]]) -> Result<Frame, ClientError> {
         let timeout = self.shared.config.timeout;
-        tokio::time::timeout(timeout, self.call_untimed(args))
-            .await
-            .unwrap_or(Err(ClientError::Timeout(timeout)))
+        let deadline = runtime_now() + timeout;
+        let on = AtomicUsize::new(NO_NODE);
+        match tokio::time::timeout_at(deadline, self.call_untimed(args, deadline, &on)).await {
+            Ok(result) => result,
+            Err(_) => {
+                let i = on.load(Ordering::Relaxed);
+                if i != NO_NODE {
+                    self.shared.mark_down(i);
+                }
+                Err(ClientError::Timeout(timeout))
+            }
+        }
     }
 
-    async fn call_untimed(&self, args: &[&[u8]]) -> Result<Frame, ClientError> {
+    async fn call_untimed(
+        &self,
+        args: &[&[u8]],
+        deadline: Instant,
+        on: &AtomicUsize,
+    ) -> Result<Frame, ClientError> {
+        let shared = &*self.shared;
         let mut slot = self.slot().await;
         // The connection is taken out of its slot for the call: if the call fails, or is
         // cancelled by the timeout halfway, it is dropped (closed) rather than left holding
         // a reply that the next call would read.
         let mut pooled = match slot.take() {
-            Some(p) if !self.shared.fails_back(&p) => p,
-            _ => self.connect().await?,
+            Some(p) if shared.nodes.len() > 1 => self.reuse(p, deadline, on).await?,
+            Some(p) => p,
+            None => self.connect(shared.order(), deadline, on).await?,
         };
-        // Until an answer arrives, a failure (or the timeout) marks the node down.
-        let mut down = DownOnDrop {
-            shared: &self.shared,
-            node: Some(pooled.node),
-        };
-        let result = match pooled.conn.call(args).await {
-            Err(CallError::ClosedBeforeReply(_)) if pooled.conn.used => {
-                // The node had closed this pooled connection (idle) before our request:
-                // nothing was decided, so send it once more on a fresh connection.
-                pooled = self.connect().await?;
-                down.node = Some(pooled.node);
+        let fresh = !pooled.conn.used;
+        on.store(pooled.node, Ordering::Relaxed);
+        let mut result = match pooled.conn.call(args).await {
+            Err(CallError::ClosedBeforeReply(first)) if pooled.conn.used => {
+                // The node had most likely closed this pooled connection (idle) before our
+                // request, so it is sent once more on a fresh connection: to the same node
+                // only. A node that read the request and then crashed looks the same, and a
+                // retry elsewhere could spend it twice; the same node refuses if it is down.
+                let node = pooled.node;
+                pooled = self
+                    .connect(vec![node], deadline, on)
+                    .await
+                    .map_err(|e| ClientError::Io(format!("{first}; reconnecting failed: {e}")))?;
                 pooled.conn.call(args).await
             }
             other => other,
         };
+        if shared.nodes.len() > 1 && fresh && matches!(&result, Ok((f, _)) if is_full(f)) {
+            // A node at its connection cap answers a new connection with this and closes it
+            // unread: nothing was decided, so the next node up may take the request.
+            shared.mark_down(pooled.node);
+            let others = shared
+                .order()
+                .into_iter()
+                .filter(|&i| i != pooled.node)
+                .collect();
+            if let Ok(p) = self.connect(others, deadline, on).await {
+                pooled = p;
+                result = pooled.conn.call(args).await;
+            }
+        }
         match result {
             Ok((frame, keep)) => {
-                down.node = None;
-                if keep {
+                if keep && !is_full(&frame) {
                     *slot = Some(pooled);
                 }
                 Ok(frame)
             }
-            Err(CallError::ClosedBeforeReply(m)) => Err(ClientError::Io(m)),
+            Err(CallError::ClosedBeforeReply(m)) => {
+                shared.mark_down(pooled.node);
+                Err(ClientError::Io(m))
+            }
             Err(CallError::Other(e)) => {
-                if matches!(e, ClientError::Protocol(_)) {
-                    // An answer, if a malformed one: the node is up.
-                    down.node = None;
+                // A malformed answer is an answer: the node is up.
+                if !matches!(e, ClientError::Protocol(_)) {
+                    shared.mark_down(pooled.node);
                 }
                 Err(e)
             }
         }
+    }
+
+    /// A pooled connection of a client of several nodes, checked before a request is
+    /// written on it: replaced if its node was marked down since, or if the node closed it
+    /// (nothing was sent, so the request may go to any node); and if it goes to a later
+    /// node than the first one up and is `failback_after` old, replaced by a connection to
+    /// an earlier node if one accepts within half the time left (else kept).
+    async fn reuse(
+        &self,
+        p: Pooled<C::Conn>,
+        deadline: Instant,
+        on: &AtomicUsize,
+    ) -> Result<Pooled<C::Conn>, ClientError> {
+        let shared = &*self.shared;
+        let mut p = p;
+        if !shared.is_up(p.node, shared.now()) || p.conn.closed_by_peer() {
+            return self.connect(shared.order(), deadline, on).await;
+        }
+        if shared.fails_back(&p) {
+            let now = shared.now();
+            let earlier = (0..p.node).filter(|&i| shared.is_up(i, now)).collect();
+            let half = runtime_now() + deadline.saturating_duration_since(runtime_now()) / 2;
+            if let Ok(q) = self.connect(earlier, half, on).await {
+                p = q;
+            }
+        }
+        Ok(p)
     }
 
     /// A free pooled slot, or the next one in turn when all are busy.
@@ -489,17 +555,26 @@ impl<C: Connector> Client<C> {
         slots[start % slots.len()].lock().await
     }
 
-    /// A new connection to the first node up that accepts one (see [`Shared::order`]). With
-    /// several nodes, each attempt gets an equal share of the call's timeout, so that a node
-    /// that never completes the handshake leaves time for the others.
-    async fn connect(&self) -> Result<Pooled<C::Conn>, ClientError> {
+    /// A new connection to the first of `nodes` that accepts one within `deadline`. With
+    /// several nodes, each attempt gets an equal share of the time left (the last one all of
+    /// it), so that a node that never completes the handshake leaves time for the others;
+    /// each node that fails is marked down.
+    async fn connect(
+        &self,
+        nodes: Vec<usize>,
+        deadline: Instant,
+        on: &AtomicUsize,
+    ) -> Result<Pooled<C::Conn>, ClientError> {
         let shared = &*self.shared;
-        let share = shared.config.timeout / u32::try_from(shared.nodes.len().max(1)).unwrap_or(1);
         let mut failed = Vec::new();
-        for i in shared.order() {
+        let n = nodes.len();
+        for (k, i) in nodes.into_iter().enumerate() {
+            on.store(i, Ordering::Relaxed);
             let addr = shared.nodes[i].addr;
             let attempt = shared.connector.connect(addr);
             let result = if shared.nodes.len() > 1 {
+                let left = deadline.saturating_duration_since(runtime_now());
+                let share = left / u32::try_from(n - k).unwrap_or(u32::MAX);
                 tokio::time::timeout(share, attempt)
                     .await
                     .unwrap_or_else(|_| Err(std::io::ErrorKind::TimedOut.into()))

@@ -49,6 +49,20 @@ impl<S: Stream> Conn<S> {
         }
     }
 
+    /// True when the server has closed (or reset) this idle connection, or sent bytes
+    /// nobody asked for; looked at without waiting, before a request is written, so that
+    /// the request can go elsewhere with nothing sent. (A close not yet seen by the runtime
+    /// reads as open: the request is then sent and fails as `ClosedBeforeReply`.)
+    pub(super) fn closed_by_peer(&mut self) -> bool {
+        let mut byte = [0u8; 1];
+        let mut buf = tokio::io::ReadBuf::new(&mut byte);
+        let mut cx = std::task::Context::from_waker(std::task::Waker::noop());
+        // Ready: end of stream (nothing read), unexpected bytes, or an error.
+        std::pin::Pin::new(&mut self.stream)
+            .poll_read(&mut cx, &mut buf)
+            .is_ready()
+    }
+
     /// Sends one request and reads its reply. `Ok(Frame::Error(..))` is a server's error
     /// reply; the connection is still good. `keep` is false when the connection must not be
     /// reused (the server sent more than one reply).
