@@ -17,11 +17,15 @@
 //! **Several nodes** ([`Client::with_nodes`]): every node of a cluster answers every key, so
 //! the client uses the first of its list that is up (list a sidecar's own node first).
 //! - A node that refused a connection, or on which a call failed without an answer (reset,
-//!   closed, the client's own timeout; not a call the caller dropped), is passed over for
-//!   [`ClientConfig::down_for`], and its pooled connections are replaced.
-//! - A call goes to another node only when nothing of it was sent: its connect failed, the
-//!   pooled connection was seen closed before the request was written, or the node answered
-//!   a new connection with "max number of clients" (it closes those unread). A request that
+//!   closed, or the client's own timeout after the call had half of it there; not a call
+//!   the caller dropped), is passed over for [`ClientConfig::down_for`], and its pooled
+//!   connections are replaced.
+//! - A call goes to another node only when nothing of it was sent: its connect failed, its
+//!   pooled connection's node was marked down or was seen to have closed it before the
+//!   request was written, failback (below), or the node answered a new connection with
+//!   "max number of clients" (it closes those unread; that node is skipped for this call
+//!   only, and with no other node up the call fails with [`ClientError::Unavailable`],
+//!   which is retryable). A request that
 //!   was written and got no answer is sent again only on a fresh connection to the same
 //!   node (the idle-close case), else the call returns its error: the check may have been
 //!   decided. Retry it with a request id, which the cluster remembers whichever node is
@@ -231,13 +235,39 @@ struct Node {
     down_until: AtomicU64,
 }
 
-/// `on`'s value while a call is on no node.
+/// [`On::node`] while a call is on no node.
 const NO_NODE: usize = usize::MAX;
 
-/// A node at its connection cap says this before it closes a new connection unread
-/// (`api::resp::server::MAX_CLIENTS_REPLY`).
+/// The node a call is on (connecting to it or waiting for its reply), and since when (ns
+/// after `Shared::epoch`): read when the client's timeout ends the call.
+struct On {
+    node: AtomicUsize,
+    since: AtomicU64,
+}
+
+impl Default for On {
+    fn default() -> Self {
+        On {
+            node: AtomicUsize::new(NO_NODE),
+            since: AtomicU64::new(0),
+        }
+    }
+}
+
+impl On {
+    fn set<C: Connector>(&self, shared: &Shared<C>, node: usize) {
+        if self.node.swap(node, Ordering::Relaxed) != node {
+            self.since.store(shared.now(), Ordering::Relaxed);
+        }
+    }
+}
+
+/// A node at its connection cap says this before it closes a new connection unread.
 fn is_full(frame: &Frame) -> bool {
-    matches!(frame, Frame::Error(m) if m == "ERR max number of clients reached")
+    let full = crate::api::resp::server::MAX_CLIENTS_REPLY
+        .strip_prefix(b"-")
+        .and_then(|r| r.strip_suffix(b"\r\n"));
+    matches!(frame, Frame::Error(m) if Some(m.as_bytes()) == full)
 }
 
 /// A pooled connection, with the node it goes to and when it was opened.
@@ -249,7 +279,8 @@ struct Pooled<S> {
 
 impl<C: Connector> Shared<C> {
     fn now(&self) -> u64 {
-        u64::try_from(self.epoch.elapsed().as_nanos()).unwrap_or(u64::MAX)
+        let elapsed = runtime_now().saturating_duration_since(self.epoch);
+        u64::try_from(elapsed.as_nanos()).unwrap_or(u64::MAX)
     }
 
     fn mark_down(&self, i: usize) {
@@ -280,7 +311,7 @@ impl<C: Connector> Shared<C> {
     fn fails_back(&self, p: &Pooled<C::Conn>) -> bool {
         let now = self.now();
         p.node > 0
-            && p.opened.elapsed() >= self.config.failback_after
+            && runtime_now().saturating_duration_since(p.opened) >= self.config.failback_after
             && (0..p.node).any(|i| self.is_up(i, now))
     }
 }
@@ -428,19 +459,28 @@ impl<C: Connector> Client<C> {
         }
     }
 
-    /// Sends one request and returns its reply (a server error reply is `Ok(Frame::Error)`),
-    /// within the timeout. If the timeout ends the call while it is on a node (connecting
-    /// or waiting for the reply), that node is marked down; a call the caller drops marks
-    /// nothing.
+    /// Sends one request and returns its reply (a server error reply is `Ok(Frame::Error)`;
+    /// a node's "max number of clients" is [`ClientError::Unavailable`]), within the
+    /// timeout. If the timeout ends the call while it is on a node (connecting or waiting
+    /// for the reply) and has been for half the timeout, that node is marked down; a call
+    /// the caller drops marks nothing, nor does one that spent its time waiting for a pooled
+    /// connection.
     async fn call(&self, args: &[&[u8]]) -> Result<Frame, ClientError> {
         let timeout = self.shared.config.timeout;
-        let deadline = runtime_now() + timeout;
-        let on = AtomicUsize::new(NO_NODE);
+        // A timeout too long for the clock is as good as none (about 30 years).
+        let budget = timeout.min(Duration::from_secs(1 << 30));
+        let deadline = runtime_now() + budget;
+        let on = On::default();
         match tokio::time::timeout_at(deadline, self.call_untimed(args, deadline, &on)).await {
+            Ok(Ok(frame)) if is_full(&frame) => Err(ClientError::Unavailable(
+                "the node is at its connection cap (max number of clients reached)".into(),
+            )),
             Ok(result) => result,
             Err(_) => {
-                let i = on.load(Ordering::Relaxed);
-                if i != NO_NODE {
+                let i = on.node.load(Ordering::Relaxed);
+                let since = on.since.load(Ordering::Relaxed);
+                let fair = u64::try_from((budget / 2).as_nanos()).unwrap_or(u64::MAX);
+                if i != NO_NODE && self.shared.now().saturating_sub(since) >= fair {
                     self.shared.mark_down(i);
                 }
                 Err(ClientError::Timeout(timeout))
@@ -452,7 +492,7 @@ impl<C: Connector> Client<C> {
         &self,
         args: &[&[u8]],
         deadline: Instant,
-        on: &AtomicUsize,
+        on: &On,
     ) -> Result<Frame, ClientError> {
         let shared = &*self.shared;
         let mut slot = self.slot().await;
@@ -465,7 +505,7 @@ impl<C: Connector> Client<C> {
             None => self.connect(shared.order(), deadline, on).await?,
         };
         let fresh = !pooled.conn.used;
-        on.store(pooled.node, Ordering::Relaxed);
+        on.set(shared, pooled.node);
         let mut result = match pooled.conn.call(args).await {
             Err(CallError::ClosedBeforeReply(first)) if pooled.conn.used => {
                 // The node had most likely closed this pooled connection (idle) before our
@@ -483,8 +523,8 @@ impl<C: Connector> Client<C> {
         };
         if shared.nodes.len() > 1 && fresh && matches!(&result, Ok((f, _)) if is_full(f)) {
             // A node at its connection cap answers a new connection with this and closes it
-            // unread: nothing was decided, so the next node up may take the request.
-            shared.mark_down(pooled.node);
+            // unread: nothing was decided, so the next node up may take the request. (The
+            // node is not marked down: the client's other connections to it are fine.)
             let others = shared
                 .order()
                 .into_iter()
@@ -525,7 +565,7 @@ impl<C: Connector> Client<C> {
         &self,
         p: Pooled<C::Conn>,
         deadline: Instant,
-        on: &AtomicUsize,
+        on: &On,
     ) -> Result<Pooled<C::Conn>, ClientError> {
         let shared = &*self.shared;
         let mut p = p;
@@ -557,29 +597,33 @@ impl<C: Connector> Client<C> {
 
     /// A new connection to the first of `nodes` that accepts one within `deadline`. With
     /// several nodes, each attempt gets an equal share of the time left (the last one all of
-    /// it), so that a node that never completes the handshake leaves time for the others;
-    /// each node that fails is marked down.
+    /// it), so that a node that never completes the handshake leaves time for the others.
+    /// A node that refuses is marked down, and so is one whose attempt timed out if its
+    /// share was fair (at least the timeout over twice the number of nodes).
     async fn connect(
         &self,
         nodes: Vec<usize>,
         deadline: Instant,
-        on: &AtomicUsize,
+        on: &On,
     ) -> Result<Pooled<C::Conn>, ClientError> {
         let shared = &*self.shared;
         let mut failed = Vec::new();
         let n = nodes.len();
+        let count = u32::try_from(shared.nodes.len()).unwrap_or(u32::MAX);
+        let floor = shared.config.timeout / count.saturating_mul(2).max(1);
         for (k, i) in nodes.into_iter().enumerate() {
-            on.store(i, Ordering::Relaxed);
+            on.set(shared, i);
             let addr = shared.nodes[i].addr;
             let attempt = shared.connector.connect(addr);
-            let result = if shared.nodes.len() > 1 {
+            let (result, fair) = if shared.nodes.len() > 1 {
                 let left = deadline.saturating_duration_since(runtime_now());
                 let share = left / u32::try_from(n - k).unwrap_or(u32::MAX);
-                tokio::time::timeout(share, attempt)
+                let result = tokio::time::timeout(share, attempt)
                     .await
-                    .unwrap_or_else(|_| Err(std::io::ErrorKind::TimedOut.into()))
+                    .unwrap_or_else(|_| Err(std::io::ErrorKind::TimedOut.into()));
+                (result, share >= floor)
             } else {
-                attempt.await
+                (attempt.await, true)
             };
             match result {
                 Ok(stream) => {
@@ -590,7 +634,9 @@ impl<C: Connector> Client<C> {
                     })
                 }
                 Err(e) => {
-                    shared.mark_down(i);
+                    if fair || e.kind() != std::io::ErrorKind::TimedOut {
+                        shared.mark_down(i);
+                    }
                     failed.push(format!("{addr}: {e}"));
                 }
             }
