@@ -440,4 +440,10 @@ async fn a_node_at_its_connection_cap_passes_the_call_to_the_next() {
             .remaining,
         15
     );
+    // A client of that node alone is told to try again (nothing was decided).
+    let e = client(first, 1).ping().await.unwrap_err();
+    assert!(
+        matches!(e, ClientError::Unavailable(_)) && e.is_retryable(),
+        "{e:?}"
+    );
 }
