@@ -204,6 +204,10 @@ struct ClusterArgs {
     /// Concurrent clients.
     #[arg(long, default_value_t = 6)]
     clients: usize,
+    /// Clients that know every node and fail over between them (the Rust client's
+    /// `Client::with_nodes`), instead of one client per node.
+    #[arg(long)]
+    failover_clients: bool,
     /// Run without the nemesis (no faults).
     #[arg(long)]
     no_nemesis: bool,
@@ -405,6 +409,7 @@ fn sim_cluster(a: ClusterArgs) -> Result<(), CliError> {
         duration: std::time::Duration::from_nanos(a.duration),
         shards: a.shards,
         clients: a.clients,
+        failover_clients: a.failover_clients,
         nemesis: !a.no_nemesis,
         controls: Controls {
             apply_local_clock: a.unsafe_apply_local_clock,

@@ -12,9 +12,9 @@ use quorate::sim::cluster::{
 };
 use std::time::Duration;
 
-/// Seeds in the sweep (per test; four tests share the sweep so both cores work, and a fifth
-/// runs 6 seeds at 30 clients; `.ci/run` adds 130 seeds on the release build, where a seed
-/// runs ~5x faster; each seed
+/// Seeds in the sweep (per test; four tests share the sweep so both cores work, a fifth runs
+/// 6 seeds at 30 clients, and a sixth 4 with failover clients and seed 6 both ways;
+/// `.ci/run` adds 180 seeds on the release build, where a seed runs ~5x faster; each seed
 /// runs in a `quorate` process of its own, so a failing seed's printed command replays
 /// exactly its run). Override with QUORATE_SIM_SEEDS (per test) for a longer local run.
 fn seeds_per_part() -> u64 {
@@ -100,6 +100,45 @@ fn sweep_under_heavy_fast_load_finds_no_violation() {
         ..sweep_options()
     };
     sweep_seeds(&base, 11, 6);
+}
+
+/// Clients that know every node (`Client::with_nodes`) under the full nemesis: no violation,
+/// and they ride through the crashes that fail single-node clients. Seed 6 crashes a node
+/// while clients wait on it: its clients of one node each see calls fail or end unknown
+/// (the control, run here too, so the seed is seen to test failover), while the failover
+/// clients lose none. `.ci/run` runs 50 more seeds of this kind on the release build.
+#[test]
+fn failover_clients_find_no_violation_and_ride_through_crashes() {
+    let base = Options {
+        failover_clients: true,
+        ..sweep_options()
+    };
+    sweep_seeds(&base, 2000, 4);
+    let plain = Options {
+        seed: 6,
+        ..sweep_options()
+    };
+    let failover = Options {
+        failover_clients: true,
+        ..plain.clone()
+    };
+    let p = run(&plain);
+    let f = run(&failover);
+    assert_clean(&p, &plain);
+    assert_clean(&f, &failover);
+    assert!(f.history.trace.contains("nemesis crash"));
+    assert!(
+        p.ops.failed + p.ops.unknown > 0,
+        "seed 6 no longer fails a single-node client ({:?}): pick a seed that does",
+        p.ops
+    );
+    assert_eq!(
+        (f.ops.failed, f.ops.unknown),
+        (0, 0),
+        "failover clients lost calls in {}",
+        reproduce(&failover)
+    );
+    assert!(f.ops.invoked > p.ops.invoked, "{:?} vs {:?}", f.ops, p.ops);
 }
 
 /// Named regression seeds: seeds that once reported a violation, kept so the fix stays. (The

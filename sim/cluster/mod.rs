@@ -104,6 +104,10 @@ pub struct Options {
     pub nodes: usize,
     pub shards: u32,
     pub clients: usize,
+    /// Each client knows every node (`Client::with_nodes`, its chosen node first) and fails
+    /// over between them, instead of one client per node. Off by default, so that seeds
+    /// replay as they did before the option existed.
+    pub failover_clients: bool,
     pub keys: usize,
     /// Each client waits a uniform time in this range (ms) between operations.
     pub think_ms: (u64, u64),
@@ -127,6 +131,7 @@ impl Default for Options {
             nodes: 3,
             shards: 4,
             clients: 6,
+            failover_clients: false,
             keys: 300,
             think_ms: (5, 40),
             nemesis: true,
@@ -211,6 +216,9 @@ pub fn reproduce(opts: &Options) -> String {
     }
     if opts.clients != d.clients {
         cmd += &format!(" --clients {}", opts.clients);
+    }
+    if opts.failover_clients {
+        cmd += " --failover-clients";
     }
     if !opts.nemesis {
         cmd += " --no-nemesis";

@@ -79,6 +79,9 @@ fn child(exe: &Path, opts: &Options, trace: Option<&Path>) -> Command {
         .args(["--duration", &format!("{}ns", opts.duration.as_nanos())])
         .args(["--shards", &opts.shards.to_string()])
         .args(["--clients", &opts.clients.to_string()]);
+    if opts.failover_clients {
+        cmd.arg("--failover-clients");
+    }
     if !opts.nemesis {
         cmd.arg("--no-nemesis");
     }

@@ -2,7 +2,9 @@
 //! policy (strict and fast, token bucket, GCRA and sliding log; and a fast fixed window of
 //! 100 ms, whose boundaries fall inside entries), sends one single-item check
 //! with a unique request id to a random node over RESP, and records the operation —
-//! invoked, then allowed, denied, failed or unknown — in the shared history.
+//! invoked, then allowed, denied, failed or unknown — in the shared history. With
+//! `--failover-clients` the client of that node knows the others too and moves to the next
+//! one up when the node is down (its history entry still names the node chosen first).
 
 use super::history::{History, Op, Outcome};
 use super::hosts::NodeHandle;
@@ -124,21 +126,24 @@ pub async fn client(
         })
         .collect();
     let zipf = Zipf::new(opts.keys, 1.1);
-    let clients: Vec<Client<TurmoilConnector>> = nodes
-        .iter()
-        .enumerate()
-        .map(|(i, n)| {
-            Client::with_connector(
-                n.resp_addr(),
-                TurmoilConnector,
-                ClientConfig {
-                    connections: 1,
-                    timeout: Duration::from_secs(4),
-                    jitter_seed: (index * 16 + i) as u64,
-                    down_for: Duration::from_secs(1),
-                    failback_after: Duration::from_secs(10),
-                },
-            )
+    // Client `i` prefers node `i`: with failover clients it knows every node, the others
+    // after it in turn; otherwise node `i` only.
+    let clients: Vec<Client<TurmoilConnector>> = (0..nodes.len())
+        .map(|i| {
+            let config = ClientConfig {
+                connections: 1,
+                timeout: Duration::from_secs(4),
+                jitter_seed: (index * 16 + i) as u64,
+                down_for: Duration::from_secs(1),
+                failback_after: Duration::from_secs(10),
+            };
+            let order = if opts.failover_clients {
+                nodes.len()
+            } else {
+                1
+            };
+            let addrs = (0..order).map(|k| nodes[(i + k) % nodes.len()].resp_addr());
+            Client::with_nodes(addrs, TurmoilConnector, config)
         })
         .collect();
     // Let the first elections settle before the first check.
