@@ -37,6 +37,9 @@ pub struct Metrics {
     /// Checks a cluster member denied from the denials it learned from other nodes'
     /// leaders, without forwarding them.
     pub denials_cached: IntCounter,
+    /// Checks a cluster member sent to another node's leader (a client that sends each key
+    /// to its shard's leader keeps this near 0).
+    pub forwarded: IntCounter,
     /// Cluster members only (refreshed every second):
     /// WAL submissions made durable, and the fsyncs that covered them.
     pub wal_appends: IntGauge,
@@ -145,6 +148,10 @@ impl Metrics {
             denials_cached: counter(
                 "quorate_denials_cached_total",
                 "Checks denied from denials learned from other nodes' leaders, not forwarded",
+            ),
+            forwarded: counter(
+                "quorate_forwarded_checks_total",
+                "Checks sent to another node's leader (each attempt), not decided here",
             ),
             wal_appends: gauge(
                 "quorate_wal_appends",

@@ -54,6 +54,7 @@ fn client(addr: SocketAddr, connections: usize) -> Client {
             jitter_seed: 7,
             down_for: Duration::from_secs(1),
             failback_after: Duration::from_secs(10),
+            routes_every: None,
         },
     )
 }
@@ -217,6 +218,7 @@ async fn a_node_that_never_answers_times_out_and_the_next_call_reconnects() {
             jitter_seed: 1,
             down_for: Duration::from_secs(1),
             failback_after: Duration::from_secs(10),
+            routes_every: None,
         },
     );
     let started = Instant::now();
@@ -296,6 +298,9 @@ fn client_of(nodes: &[SocketAddr], timeout: Duration, down_for: Duration) -> Cli
             jitter_seed: 7,
             down_for,
             failback_after: Duration::from_millis(300),
+            // These tests are about failover between nodes; routing is tested on a real
+            // cluster (tests/cluster_process.rs).
+            routes_every: None,
         },
     )
 }

@@ -22,6 +22,9 @@ const BIG: u64 = 1_000_000;
 fn policies() -> String {
     format!(
         r#"
+[inline]
+allow = true
+
 [limits.count]
 algorithm = "fixed_window"
 limit = {BIG}
@@ -93,6 +96,7 @@ fn client_of(
             jitter_seed: 7,
             down_for: Duration::from_secs(1),
             failback_after,
+            routes_every: None,
         },
     )
 }
@@ -1163,4 +1167,91 @@ async fn a_client_of_all_three_rides_through_a_kill_9_of_its_own_node() {
         "the client did not go back to node 1"
     );
     assert_eq!(remaining(&c, "log", "ride").await, 10 - admitted);
+}
+
+/// A client of all three that sends each check to its shard's leader (`routes_every`): once
+/// it has the map (`QR.ROUTES`), no node forwards its checks, named or inline. The control:
+/// the same checks through a client without routing go to node 1, which forwards those of
+/// the shards it does not lead (about two thirds).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_routing_client_sends_each_check_to_its_shards_leader() {
+    let cluster = blocking(|| Cluster::start(3, &policies(), &[]));
+    let addrs: Vec<_> = cluster.members.iter().map(|m| m.resp).collect();
+    let config = |routes_every| ClientConfig {
+        connections: 2,
+        timeout: Duration::from_secs(5),
+        jitter_seed: 7,
+        down_for: Duration::from_secs(1),
+        failback_after: Duration::from_secs(10),
+        routes_every,
+    };
+    let tcp = quorate::net::tcp::TcpConnector;
+    let routed = Client::with_nodes(addrs.clone(), tcp, config(Some(Duration::from_millis(200))));
+    let plain = Client::with_nodes(addrs, tcp, config(None));
+    assert_eq!(plain.routes(), None);
+    // The map: every shard's leader known, and leaders on more than one node (spread).
+    let spread = |m: &Option<(u32, Vec<Option<usize>>)>| {
+        m.as_ref().is_some_and(|(n, leaders)| {
+            *n as usize == SHARDS
+                && leaders.iter().all(|l| l.is_some())
+                && leaders.iter().any(|l| *l != leaders[0])
+        })
+    };
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while !spread(&routed.routes()) {
+        assert!(
+            Instant::now() < deadline,
+            "no spread map: {:?}",
+            routed.routes()
+        );
+        routed.ping().await.unwrap();
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let forwarded = || {
+        (0..3)
+            .map(|i| metric(&cluster, i, "quorate_forwarded_checks_total"))
+            .sum::<u64>()
+    };
+    let keys: Vec<String> = (0..60).map(|i| format!("route-{i}")).collect();
+    // Leadership may move while the checks run (a rebalance); then the round is repeated.
+    let mut clean = false;
+    for _ in 0..3 {
+        let map = routed.routes();
+        let before = forwarded();
+        for k in &keys {
+            assert!(
+                routed
+                    .check(&[("count", k, 1)], None)
+                    .await
+                    .unwrap()
+                    .allowed
+            );
+            assert!(!routed.throttle(k, 15, 30, 60, 1).await.unwrap().limited);
+        }
+        let during = forwarded() - before;
+        if routed.routes() == map {
+            assert_eq!(during, 0, "a routed client's checks were forwarded");
+            clean = true;
+            break;
+        }
+        eprintln!("leadership moved during the round ({during} forwarded); again");
+    }
+    assert!(clean, "leadership kept moving");
+    // The control: node 1 forwards each check of a shard it does not lead.
+    let (_, leaders) = routed.routes().unwrap();
+    let elsewhere = keys
+        .iter()
+        .filter(|k| leaders[shard("count", k) as usize] != Some(0))
+        .count() as u64;
+    assert!(elsewhere > 0);
+    let before = forwarded();
+    for k in &keys {
+        assert!(plain.check(&[("count", k, 1)], None).await.unwrap().allowed);
+    }
+    let during = forwarded() - before;
+    assert!(
+        during >= elsewhere,
+        "{during} forwarded; {elsewhere} of the keys are on shards node 1 does not lead"
+    );
+    eprintln!("forwarded: 0 of 120 routed checks, {during} of 60 unrouted");
 }

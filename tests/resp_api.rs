@@ -485,6 +485,41 @@ async fn info_reports_the_versions_and_the_keyspace() {
     assert_eq!(c.frame().await, Frame::bulk(""));
 }
 
+/// `QR.ROUTES` on a single node: node 0, its shard count, no leaders (nothing to route to),
+/// and each named limit's key prefix; arguments are refused.
+#[tokio::test]
+async fn qr_routes_names_the_shards_and_the_key_prefixes() {
+    let node = Node::start(|_| {}).await;
+    let mut c = node.connect().await;
+    c.send(cmd("QR.ROUTES").as_bytes()).await;
+    let parts = array(c.frame().await);
+    assert_eq!(parts.len(), 4);
+    assert_eq!(int(&parts[0]), 0);
+    let shards = int(&parts[1]);
+    assert_eq!(shards, node.service.shard_count() as i64);
+    let leaders = array(parts[2].clone());
+    assert_eq!(leaders.len() as i64, shards);
+    assert!(leaders
+        .iter()
+        .all(|l| array(l.clone()) == vec![Frame::Null, Frame::Integer(0)]));
+    let prefixes = array(parts[3].clone());
+    let policies = node.service.policies();
+    assert_eq!(prefixes.len(), policies.options.len() * 2);
+    let login = prefixes
+        .iter()
+        .position(|f| *f == Frame::bulk("login"))
+        .unwrap();
+    assert_eq!(
+        prefixes[login + 1],
+        Frame::bulk(policies.options["login"].key_prefix.clone())
+    );
+    c.roundtrip(
+        &cmd("QR.ROUTES now"),
+        "-ERR wrong number of arguments for 'qr.routes' command\r\n",
+    )
+    .await;
+}
+
 #[tokio::test]
 async fn an_unknown_command_gets_redis_error_and_is_counted() {
     let node = Node::start(|_| {}).await;

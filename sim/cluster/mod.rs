@@ -606,6 +606,7 @@ async fn probe(
                     jitter_seed: 0,
                     down_for: Duration::from_secs(1),
                     failback_after: Duration::from_secs(10),
+                    routes_every: None,
                 },
             )
         })

@@ -136,6 +136,7 @@ pub async fn client(
                 jitter_seed: (index * 16 + i) as u64,
                 down_for: Duration::from_secs(1),
                 failback_after: Duration::from_secs(10),
+                routes_every: None,
             };
             let order = if opts.failover_clients {
                 nodes.len()

@@ -35,6 +35,9 @@
 //!   is kept): the client returns to the first node once it is back.
 //! - A member that answers is used, whatever it answers: one cut off from the others
 //!   answers with its limits' `on_unavailable` (deny by default), and the client stays.
+//! - With [`ClientConfig::routes_every`] (the default) each check goes to its shard's
+//!   leader instead of the first node up, through a client of its own that prefers that
+//!   node and fails over as above: see [`route`].
 //!
 //! ```
 //! use quorate::api::resp::serve;
@@ -73,6 +76,7 @@
 
 pub mod resp;
 pub mod retry;
+pub mod route;
 
 use crate::api::resp::frame::Frame;
 use crate::clock::runtime_now;
@@ -80,6 +84,7 @@ use crate::net::tcp::TcpConnector;
 use crate::net::Connector;
 use resp::{CallError, Conn};
 use retry::RetryPolicy;
+use route::{RouteKey, Router};
 use std::hash::BuildHasher;
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
@@ -104,11 +109,16 @@ pub struct ClientConfig {
     /// With several nodes: the age at which a connection to a node other than the first one
     /// up is replaced by one to an earlier node (if one accepts; else it is kept).
     pub failback_after: Duration,
+    /// With several nodes: send each check to its shard's leader, from a map of where keys
+    /// live that is fetched again at this interval (`QR.ROUTES`, see [`route`]). `None`:
+    /// every check goes to the first node up, which forwards what it does not lead.
+    pub routes_every: Option<Duration>,
 }
 
 impl Default for ClientConfig {
     /// 4 connections, 1 s timeout, a jitter seed that differs between clients; a failed
-    /// node passed over for 1 s, failback after 10 s.
+    /// node passed over for 1 s, failback after 10 s; with several nodes, checks sent to
+    /// their shard's leader, the map fetched every second.
     fn default() -> Self {
         ClientConfig {
             connections: 4,
@@ -116,6 +126,7 @@ impl Default for ClientConfig {
             jitter_seed: std::collections::hash_map::RandomState::new().hash_one(0u8),
             down_for: Duration::from_secs(1),
             failback_after: Duration::from_secs(10),
+            routes_every: Some(Duration::from_secs(1)),
         }
     }
 }
@@ -227,6 +238,8 @@ struct Shared<C: Connector> {
     jitter: AtomicU64,
     /// What `Node::down_until` counts from.
     epoch: Instant,
+    /// With several nodes and [`ClientConfig::routes_every`]: the clients calls go through.
+    router: Option<Router<C>>,
 }
 
 struct Node {
@@ -342,6 +355,11 @@ impl<C: Connector> Client<C> {
         connector: C,
         config: ClientConfig,
     ) -> Self {
+        let addrs: Vec<SocketAddr> = addrs.into_iter().collect();
+        let router = match config.routes_every {
+            Some(every) if addrs.len() > 1 => Some(Router::new(&addrs, &connector, &config, every)),
+            _ => None,
+        };
         let nodes = addrs
             .into_iter()
             .map(|addr| Node {
@@ -362,6 +380,7 @@ impl<C: Connector> Client<C> {
                 next: AtomicUsize::new(0),
                 jitter,
                 epoch: runtime_now(),
+                router,
             }),
         }
     }
@@ -382,13 +401,17 @@ impl<C: Connector> Client<C> {
         for ((limit, key, _), cost) in items.iter().zip(&costs) {
             args.extend([limit.as_bytes(), key.as_bytes(), cost.as_bytes()]);
         }
-        resp::check_answer(self.call(&args).await?)
+        let route = items
+            .first()
+            .map(|&(limit, key, _)| RouteKey::Named { limit, key });
+        resp::check_answer(self.routed(route).call(&args).await?)
     }
 
     /// What a check of cost 0 would say, spending nothing (`QR.PEEK`).
     pub async fn peek(&self, limit: &str, key: &str) -> Result<CheckAnswer, ClientError> {
         resp::check_answer(
-            self.call(&[b"QR.PEEK", limit.as_bytes(), key.as_bytes()])
+            self.routed(Some(RouteKey::Named { limit, key }))
+                .call(&[b"QR.PEEK", limit.as_bytes(), key.as_bytes()])
                 .await?,
         )
     }
@@ -406,12 +429,14 @@ impl<C: Connector> Client<C> {
         let nums = [max_burst, count, period_secs, quantity].map(|n| n.to_string());
         let mut args: Vec<&[u8]> = vec![b"CL.THROTTLE", key.as_bytes()];
         args.extend(nums.iter().map(|n| n.as_bytes()));
-        resp::throttle_answer(self.call(&args).await?)
+        let limit = crate::api::resp::command::throttle_limit(max_burst, count, period_secs);
+        let route = RouteKey::Inline { limit, key };
+        resp::throttle_answer(self.routed(Some(route)).call(&args).await?)
     }
 
     /// `PING`: true when the node answered `PONG`.
     pub async fn ping(&self) -> Result<(), ClientError> {
-        match self.call(&[b"PING"]).await? {
+        match self.routed(None).call(&[b"PING"]).await? {
             Frame::Simple(s) if s == "PONG" => Ok(()),
             Frame::Error(m) => Err(resp::server_error(m)),
             other => Err(ClientError::Protocol(format!(
@@ -457,6 +482,36 @@ impl<C: Connector> Client<C> {
             waited = waited.saturating_add(delay);
             attempt = attempt.saturating_add(1);
         }
+    }
+
+    /// With routing ([`ClientConfig::routes_every`]): the shard count and, per shard, the
+    /// index in this client's list of the node it sends that shard's checks to (`None`: the
+    /// first node up), once the map has been fetched. `None` without routing or before.
+    pub fn routes(&self) -> Option<(u32, Vec<Option<usize>>)> {
+        self.shared.router.as_ref()?.known()
+    }
+
+    /// The client a call about `key` goes through: with routing, the one that prefers the
+    /// node leading the key's shard (starting a refresh of the map when it is due); else
+    /// this one.
+    fn routed(&self, key: Option<RouteKey<'_>>) -> &Client<C> {
+        let Some(router) = &self.shared.router else {
+            return self;
+        };
+        if router.due(self.shared.now()) {
+            let client = self.clone();
+            match tokio::runtime::Handle::try_current() {
+                Ok(rt) => {
+                    rt.spawn(async move {
+                        if let Some(r) = &client.shared.router {
+                            r.refresh().await;
+                        }
+                    });
+                }
+                Err(_) => router.abandon_refresh(),
+            }
+        }
+        router.member(key)
     }
 
     /// Sends one request and returns its reply (a server error reply is `Ok(Frame::Error)`;

@@ -343,6 +343,18 @@ impl Cluster {
         self.groups.len() as u32
     }
 
+    /// Each shard's leader as this node knows it, and its term (`QR.ROUTES`).
+    pub fn leaders(&self) -> Vec<(Option<NodeId>, u64)> {
+        self.groups
+            .iter()
+            .map(|g| {
+                let m = g.raft.metrics();
+                let m = m.borrow();
+                (m.current_leader, m.current_term)
+            })
+            .collect()
+    }
+
     pub fn bounds(&self) -> Bounds {
         self.bounds
     }
@@ -611,6 +623,7 @@ impl Cluster {
         commands: Vec<Command>,
         fast: bool,
     ) -> Result<Vec<Applied>, ForwardError> {
+        self.metrics.forwarded.inc_by(commands.len() as u64);
         let request = PeerRequest::Forward {
             group: group.id,
             commands,

@@ -9,6 +9,7 @@ pub mod types;
 pub use types::*;
 
 mod resolve;
+pub(crate) use resolve::inline_route;
 
 use crate::clock::{LazyTimer, SharedClock};
 use crate::config::NodeConfig;
@@ -728,6 +729,11 @@ impl Service {
         if let Backend::Local(s) = &self.inner.shards {
             s.stall(d)
         }
+    }
+
+    /// How many shards keys are spread over.
+    pub fn shard_count(&self) -> u32 {
+        self.inner.shards.count()
     }
 
     /// The shard that owns a storage key (test and admin use).

@@ -3,7 +3,7 @@
 //! Everything a client can get wrong is caught here, before any shard is touched, so a bad
 //! request changes no state.
 
-use super::{CheckError, CheckItem, CheckRequest, LimitRef};
+use super::{CheckError, CheckItem, CheckRequest, InlineLimit, LimitRef};
 use crate::config::NodeConfig;
 use crate::limiter::{Algorithm, Limit, Nanos};
 use crate::policy::{OnUnavailable, PolicySet};
@@ -189,23 +189,7 @@ fn inline_storage_key(
     INLINE_PREFIX.with_borrow_mut(|(last, prefix, prefix_hash)| {
         let params = (algorithm, limit, period_ns, burst);
         if *last != Some(params) {
-            let mut numbers = [
-                itoa::Buffer::new(),
-                itoa::Buffer::new(),
-                itoa::Buffer::new(),
-            ];
-            let [limit_s, period_s, burst_s] = &mut numbers;
-            *prefix = concat(&[
-                "inline:",
-                algorithm.name(),
-                ":",
-                limit_s.format(limit),
-                ":",
-                period_s.format(period_ns),
-                ":",
-                burst_s.format(burst),
-                ":",
-            ]);
+            *prefix = inline_prefix(algorithm, limit, period_ns, burst);
             *prefix_hash = fnv1a(prefix.as_bytes());
             *last = Some(params);
         }
@@ -214,6 +198,35 @@ fn inline_storage_key(
             fnv1a_on(*prefix_hash, key.as_bytes()),
         )
     })
+}
+
+/// `inline:ALGORITHM:LIMIT:PERIOD_NS:BURST:`, an inline limit's storage-key prefix.
+fn inline_prefix(algorithm: Algorithm, limit: u64, period_ns: Nanos, burst: u64) -> String {
+    let mut numbers = [
+        itoa::Buffer::new(),
+        itoa::Buffer::new(),
+        itoa::Buffer::new(),
+    ];
+    let [limit_s, period_s, burst_s] = &mut numbers;
+    concat(&[
+        "inline:",
+        algorithm.name(),
+        ":",
+        limit_s.format(limit),
+        ":",
+        period_s.format(period_ns),
+        ":",
+        burst_s.format(burst),
+        ":",
+    ])
+}
+
+/// The route (`fnv1a` of the storage key) of `key` under the inline limit `spec`, as
+/// [`request`] resolves it: what a client computes to find the key's shard.
+pub(crate) fn inline_route(spec: &InlineLimit, key: &str) -> u64 {
+    let burst = spec.burst.unwrap_or(spec.limit);
+    let prefix = inline_prefix(spec.algorithm, spec.limit, spec.period_ns, burst);
+    fnv1a_on(fnv1a(prefix.as_bytes()), key.as_bytes())
 }
 
 /// The strings joined, in one allocation.
@@ -264,6 +277,11 @@ mod tests {
             let resolved = request(&mut throttle(key, limit, burst), &policies, &config).unwrap();
             assert_eq!(resolved[0].storage_key, want);
             assert_eq!(resolved[0].route, fnv1a(want.as_bytes()));
+            // What a client computes to route the key (`QR.ROUTES`) is the same.
+            let LimitRef::Inline(spec) = &throttle(key, limit, burst).items[0].limit else {
+                unreachable!()
+            };
+            assert_eq!(inline_route(spec, key), resolved[0].route);
         }
         let mut named = throttle("k", 1, 1);
         named.items[0].limit = LimitRef::Named("api".into());

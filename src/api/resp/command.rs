@@ -8,6 +8,8 @@
 //! - `QR.CHECK [ID request-id] limit key cost [limit key cost ...]` — named limits of the
 //!   policy file, all-or-nothing.
 //! - `QR.PEEK limit key` — `QR.CHECK limit key 0`.
+//! - `QR.ROUTES` — where keys live, for clients that send each key to its shard's leader
+//!   (see [`super::info::routes`]).
 //!
 //! And what redis-cli, redis-benchmark and client libraries send on connecting: `PING`,
 //! `ECHO`, `QUIT`, `SELECT 0`, `CLIENT ...`, `HELLO [2]`, `COMMAND [DOCS|COUNT]`,
@@ -44,6 +46,9 @@ pub enum Command {
     ConfigGet(Vec<Bytes>),
     /// `INFO [section ...]`.
     Info(Vec<Bytes>),
+    /// `QR.ROUTES`: this node's id, the shard count, each shard's leader, the limits' key
+    /// prefixes.
+    Routes,
 }
 
 /// The reply shape of a check command.
@@ -112,6 +117,11 @@ pub fn parse(args: &[&[u8]]) -> Result<Command, CommandError> {
         check(rest)
     } else if is("QR.PEEK") {
         peek(rest)
+    } else if is("QR.ROUTES") {
+        match rest {
+            [] => Ok(Command::Routes),
+            _ => Err(CommandError::Arity("qr.routes")),
+        }
     } else if is("PING") {
         match rest {
             [] => Ok(Command::Ping(None)),
@@ -195,6 +205,17 @@ fn int(
         .ok_or_else(|| CommandError::Invalid(format!("{what} must be {expected}")))
 }
 
+/// The inline limit of `CL.THROTTLE key max_burst count period`: a GCRA of `count` per
+/// `period_secs` with capacity `max_burst + 1` (arguments already checked in range).
+pub fn throttle_limit(max_burst: u64, count: u64, period_secs: u64) -> InlineLimit {
+    InlineLimit {
+        algorithm: Algorithm::Gcra,
+        limit: count,
+        period_ns: period_secs.saturating_mul(SECOND),
+        burst: Some(max_burst.saturating_add(1)),
+    }
+}
+
 /// `CL.THROTTLE key max_burst count period [quantity]`.
 fn throttle(rest: &[&[u8]]) -> Result<Command, CommandError> {
     let (key, max_burst, count, period, quantity) = match rest {
@@ -228,12 +249,7 @@ fn throttle(rest: &[&[u8]]) -> Result<Command, CommandError> {
         Some(q) => int(q, 0, i64::MAX, "quantity", "a non-negative integer")?,
         None => 1,
     };
-    let limit = InlineLimit {
-        algorithm: Algorithm::Gcra,
-        limit: count as u64,
-        period_ns: period_secs as u64 * SECOND,
-        burst: Some(max_burst as u64 + 1),
-    };
+    let limit = throttle_limit(max_burst as u64, count as u64, period_secs as u64);
     Ok(Command::Check {
         request: CheckRequest {
             items: vec![CheckItem {

@@ -123,6 +123,7 @@ fn answer(service: &Service, cmd: Command) -> Frame {
         Command::CommandCount => Frame::Integer(0),
         Command::ConfigGet(params) => info::config_get(&params),
         Command::Info(sections) => info::info(service, &sections),
+        Command::Routes => info::routes(service),
         // Checks are answered with the batch, never here.
         Command::Check { .. } => Frame::err("internal error: check outside its batch"),
     }

@@ -91,6 +91,53 @@ pub fn info(service: &Service, sections: &[Bytes]) -> Frame {
     Frame::bulk(parts.join("\r\n"))
 }
 
+/// `QR.ROUTES`: where keys live, so that a client can send each key to its shard's leader
+/// and save the hop through a node that would forward it. An array of four:
+/// 1. this node's id (0 on a single node);
+/// 2. the shard count (keys go to `jump(fnv1a(storage key), shards)`, `crate::shard::route`);
+/// 3. per shard, `[leader, term]`: the leader's node id as this node knows it (nil when it
+///    knows none, and on a single node) and its term, so a client asking several nodes can
+///    keep the newest;
+/// 4. the named limits' storage-key prefixes, flat: `name, prefix, name, prefix...` (a named
+///    limit's storage key is its prefix and the key; an inline limit's is built from its
+///    parameters, as `crate::service::resolve` does).
+///
+/// A stale answer costs only speed: every node forwards what it does not lead.
+pub fn routes(service: &Service) -> Frame {
+    let (node, shards) = match service.cluster() {
+        Some(c) => (
+            c.node_id() as i64,
+            c.leaders()
+                .into_iter()
+                .map(|(leader, term)| {
+                    Frame::Array(vec![
+                        leader.map_or(Frame::Null, |l| Frame::Integer(l as i64)),
+                        Frame::Integer(term as i64),
+                    ])
+                })
+                .collect(),
+        ),
+        None => (
+            0,
+            (0..service.shard_count())
+                .map(|_| Frame::Array(vec![Frame::Null, Frame::Integer(0)]))
+                .collect::<Vec<_>>(),
+        ),
+    };
+    let policies = service.policies();
+    let mut prefixes = Vec::with_capacity(policies.options.len() * 2);
+    for (name, options) in &policies.options {
+        prefixes.push(Frame::bulk(name.clone()));
+        prefixes.push(Frame::bulk(options.key_prefix.clone()));
+    }
+    Frame::Array(vec![
+        Frame::Integer(node),
+        Frame::Integer(shards.len() as i64),
+        Frame::Array(shards),
+        Frame::Array(prefixes),
+    ])
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -1,0 +1,332 @@
+//! Leader-aware routing for a client of several nodes ([`ClientConfig::routes_every`]).
+//!
+//! Every node answers every key, but a node that does not lead the key's shard forwards the
+//! check to the leader and relays the answer: one more hop, and CPU on two nodes. A client
+//! that knows where keys live sends each check to its shard's leader instead:
+//! - Every `routes_every` a background task asks each node for `QR.ROUTES` (its own node id,
+//!   the shard count, each shard's leader and term, the limits' key prefixes) on a
+//!   connection of its own, and keeps, per shard, the leader reported in the newest term.
+//! - A check goes to the client that prefers its first item's shard leader (one per node,
+//!   each failing over to the others as [`Client::with_nodes`] does); anything it cannot
+//!   place (no map yet, a leader unknown or not in the list, a limit the map does not name)
+//!   goes to the first node up, as without routing.
+//!
+//! A stale map costs speed, never correctness: the node that gets a check it does not lead
+//! forwards it, and a request id is remembered by the shard whichever node is asked.
+
+use super::resp;
+use super::{Client, ClientConfig, ClientError};
+use crate::api::resp::frame::Frame;
+use crate::net::Connector;
+use crate::service::{inline_route, InlineLimit};
+use crate::shard::route::{fnv1a, fnv1a_on, shard_of_hash};
+use std::collections::HashMap;
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, RwLock};
+use std::time::Duration;
+
+/// The routing part of a client of several nodes.
+pub(super) struct Router<C: Connector> {
+    /// `members[i]` prefers node `i`, then the others in list order.
+    pub(super) members: Vec<Client<C>>,
+    /// `probes[i]`: node `i` alone, one connection, for `QR.ROUTES`.
+    probes: Vec<Client<C>>,
+    every: Duration,
+    map: RwLock<Option<Arc<Map>>>,
+    /// When the last refresh began (ns after the client's epoch); `u64::MAX`: never.
+    refreshed: AtomicU64,
+    refreshing: AtomicBool,
+}
+
+/// Where keys live, as the nodes last said.
+#[derive(Debug, Default)]
+struct Map {
+    shards: u32,
+    /// Per shard: the index (in the client's list) of its leader's node.
+    leaders: Vec<Option<usize>>,
+    /// Named limits: the hash of their storage-key prefix.
+    prefixes: HashMap<String, u64>,
+}
+
+/// One node's `QR.ROUTES` answer.
+#[derive(Debug, PartialEq, Eq)]
+pub(super) struct Routes {
+    pub node: u64,
+    pub shards: u32,
+    /// Per shard: its leader as the node knows it, and the term.
+    pub leaders: Vec<(Option<u64>, u64)>,
+    pub prefixes: Vec<(String, String)>,
+}
+
+/// The key a check is routed by.
+pub(super) enum RouteKey<'a> {
+    Named { limit: &'a str, key: &'a str },
+    Inline { limit: InlineLimit, key: &'a str },
+}
+
+impl<C: Connector> Router<C> {
+    pub(super) fn new(
+        addrs: &[SocketAddr],
+        connector: &C,
+        config: &ClientConfig,
+        every: Duration,
+    ) -> Router<C> {
+        let single = ClientConfig {
+            routes_every: None,
+            ..config.clone()
+        };
+        let members = (0..addrs.len())
+            .map(|i| {
+                let order = (0..addrs.len()).map(|k| addrs[(i + k) % addrs.len()]);
+                let config = ClientConfig {
+                    jitter_seed: config.jitter_seed.wrapping_add(i as u64),
+                    ..single.clone()
+                };
+                Client::with_nodes(order, connector.clone(), config)
+            })
+            .collect();
+        let probes = addrs
+            .iter()
+            .map(|&a| {
+                let config = ClientConfig {
+                    connections: 1,
+                    timeout: single.timeout.min(every),
+                    ..single.clone()
+                };
+                Client::with_nodes([a], connector.clone(), config)
+            })
+            .collect();
+        Router {
+            members,
+            probes,
+            every,
+            map: RwLock::new(None),
+            refreshed: AtomicU64::new(u64::MAX),
+            refreshing: AtomicBool::new(false),
+        }
+    }
+
+    /// The member client for `key` (its shard leader's node), or the first one.
+    pub(super) fn member(&self, key: Option<RouteKey<'_>>) -> &Client<C> {
+        let first = &self.members[0];
+        let map = self.map.read().unwrap_or_else(|p| p.into_inner()).clone();
+        let (Some(map), Some(key)) = (map, key) else {
+            return first;
+        };
+        let hash = match key {
+            RouteKey::Named { limit, key } => match map.prefixes.get(limit) {
+                Some(&prefix) => fnv1a_on(prefix, key.as_bytes()),
+                None => return first,
+            },
+            RouteKey::Inline { limit, key } => inline_route(&limit, key),
+        };
+        if map.shards == 0 {
+            return first;
+        }
+        let shard = shard_of_hash(hash, map.shards) as usize;
+        match map.leaders.get(shard).copied().flatten() {
+            Some(i) => &self.members[i],
+            None => first,
+        }
+    }
+
+    /// True when a refresh should start now (`now`: ns after the client's epoch); the caller
+    /// that gets true runs it.
+    pub(super) fn due(&self, now: u64) -> bool {
+        let last = self.refreshed.load(Ordering::Relaxed);
+        let every = u64::try_from(self.every.as_nanos()).unwrap_or(u64::MAX);
+        let stale = last == u64::MAX || now.saturating_sub(last) >= every;
+        if stale && !self.refreshing.swap(true, Ordering::Acquire) {
+            self.refreshed.store(now, Ordering::Relaxed);
+            true
+        } else {
+            false
+        }
+    }
+
+    /// A due refresh that could not start (no runtime to run it on): the next call tries.
+    pub(super) fn abandon_refresh(&self) {
+        self.refreshed.store(u64::MAX, Ordering::Relaxed);
+        self.refreshing.store(false, Ordering::Release);
+    }
+
+    /// Asks every node for its routes and replaces the map (kept as it was if no node
+    /// answered).
+    pub(super) async fn refresh(&self) {
+        let mut answers = Vec::new();
+        for (i, probe) in self.probes.iter().enumerate() {
+            if let Ok(frame) = probe.call(&[b"QR.ROUTES"]).await {
+                match parse_routes(frame) {
+                    Ok(r) => answers.push((i, r)),
+                    Err(e) => tracing::debug!(node = i, %e, "no routes from this node"),
+                }
+            }
+        }
+        if let Some(map) = merge(&answers) {
+            *self.map.write().unwrap_or_else(|p| p.into_inner()) = Some(Arc::new(map));
+        }
+        self.refreshing.store(false, Ordering::Release);
+    }
+
+    /// The shard count and each shard's leader's index in the client's list, once known.
+    pub(super) fn known(&self) -> Option<(u32, Vec<Option<usize>>)> {
+        let map = self.map.read().unwrap_or_else(|p| p.into_inner());
+        map.as_ref().map(|m| (m.shards, m.leaders.clone()))
+    }
+}
+
+/// One map from the nodes' answers (`(index in the client's list, answer)`): the shard count
+/// and prefixes of the first answer, and per shard the leader reported in the newest term,
+/// if the client knows that node's address.
+fn merge(answers: &[(usize, Routes)]) -> Option<Map> {
+    let (_, first) = answers.first()?;
+    let index_of: HashMap<u64, usize> = answers.iter().map(|(i, r)| (r.node, *i)).collect();
+    let leaders = (0..first.shards as usize)
+        .map(|shard| {
+            answers
+                .iter()
+                .filter(|(_, r)| r.shards == first.shards)
+                .filter_map(|(_, r)| {
+                    let (leader, term) = *r.leaders.get(shard)?;
+                    Some((term, leader?))
+                })
+                .max()
+                .and_then(|(_, leader)| index_of.get(&leader).copied())
+        })
+        .collect();
+    let prefixes = first
+        .prefixes
+        .iter()
+        .map(|(name, prefix)| (name.clone(), fnv1a(prefix.as_bytes())))
+        .collect();
+    Some(Map {
+        shards: first.shards,
+        leaders,
+        prefixes,
+    })
+}
+
+/// A `QR.ROUTES` reply.
+pub(super) fn parse_routes(frame: Frame) -> Result<Routes, ClientError> {
+    let bad = |what: &str| ClientError::Protocol(format!("QR.ROUTES: {what}"));
+    let parts = match frame {
+        Frame::Array(parts) => parts,
+        Frame::Error(m) => return Err(resp::server_error(m)),
+        _ => return Err(bad("not an array")),
+    };
+    let [Frame::Integer(node), Frame::Integer(shards), Frame::Array(leaders), Frame::Array(prefixes)] =
+        &parts[..]
+    else {
+        return Err(bad("expected node, shards, leaders, prefixes"));
+    };
+    let node = u64::try_from(*node).map_err(|_| bad("negative node id"))?;
+    let shards = u32::try_from(*shards).map_err(|_| bad("shard count out of range"))?;
+    if leaders.len() != shards as usize {
+        return Err(bad("one [leader, term] per shard expected"));
+    }
+    let leaders = leaders
+        .iter()
+        .map(|l| match l {
+            Frame::Array(lt) => match &lt[..] {
+                [leader, Frame::Integer(term)] => {
+                    let leader = match leader {
+                        Frame::Null => None,
+                        Frame::Integer(id) => Some(u64::try_from(*id).ok()?),
+                        _ => return None,
+                    };
+                    Some((leader, u64::try_from(*term).ok()?))
+                }
+                _ => None,
+            },
+            _ => None,
+        })
+        .collect::<Option<Vec<_>>>()
+        .ok_or_else(|| bad("a shard's entry is not [leader, term]"))?;
+    let text = |f: &Frame| match f {
+        Frame::Bulk(b) => std::str::from_utf8(b).ok().map(str::to_owned),
+        _ => None,
+    };
+    let prefixes = prefixes
+        .chunks(2)
+        .map(|pair| match pair {
+            [name, prefix] => Some((text(name)?, text(prefix)?)),
+            _ => None,
+        })
+        .collect::<Option<Vec<_>>>()
+        .ok_or_else(|| bad("prefixes are not name, prefix pairs"))?;
+    Ok(Routes {
+        node,
+        shards,
+        leaders,
+        prefixes,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn routes(node: u64, leaders: &[(Option<u64>, u64)]) -> Routes {
+        Routes {
+            node,
+            shards: leaders.len() as u32,
+            leaders: leaders.to_vec(),
+            prefixes: vec![("login".into(), "login:".into())],
+        }
+    }
+
+    #[test]
+    fn the_newest_term_names_each_shards_leader() {
+        // Node 3 (index 2) still thinks node 1 leads shard 0 in term 4; node 2 (index 1) saw
+        // node 2 elected in term 5. Shard 1: only node 3 knows a leader, node 9, which the
+        // client has no address for.
+        let answers = vec![
+            (1, routes(2, &[(Some(2), 5), (None, 7)])),
+            (2, routes(3, &[(Some(1), 4), (Some(9), 7)])),
+            (0, routes(1, &[(None, 5), (None, 6)])),
+        ];
+        let map = merge(&answers).unwrap();
+        assert_eq!(map.shards, 2);
+        assert_eq!(map.leaders, vec![Some(1), None]);
+        assert_eq!(map.prefixes["login"], fnv1a(b"login:"));
+        assert!(merge(&[]).is_none());
+    }
+
+    #[test]
+    fn a_routes_reply_parses_and_a_malformed_one_is_refused() {
+        let good = Frame::Array(vec![
+            Frame::Integer(2),
+            Frame::Integer(2),
+            Frame::Array(vec![
+                Frame::Array(vec![Frame::Integer(1), Frame::Integer(3)]),
+                Frame::Array(vec![Frame::Null, Frame::Integer(0)]),
+            ]),
+            Frame::Array(vec![Frame::bulk("api"), Frame::bulk("api:")]),
+        ]);
+        assert_eq!(
+            parse_routes(good).unwrap(),
+            Routes {
+                node: 2,
+                shards: 2,
+                leaders: vec![(Some(1), 3), (None, 0)],
+                prefixes: vec![("api".into(), "api:".into())],
+            }
+        );
+        let short = Frame::Array(vec![
+            Frame::Integer(2),
+            Frame::Integer(2),
+            Frame::Array(vec![Frame::Array(vec![
+                Frame::Integer(1),
+                Frame::Integer(3),
+            ])]),
+            Frame::Array(vec![]),
+        ]);
+        assert!(matches!(parse_routes(short), Err(ClientError::Protocol(_))));
+        assert!(matches!(
+            parse_routes(Frame::Error("ERR unknown command 'QR.ROUTES'".into())),
+            Err(ClientError::Server(_))
+        ));
+        assert!(parse_routes(Frame::Integer(1)).is_err());
+    }
+}
