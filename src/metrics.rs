@@ -37,8 +37,9 @@ pub struct Metrics {
     /// Checks a cluster member denied from the denials it learned from other nodes'
     /// leaders, without forwarding them.
     pub denials_cached: IntCounter,
-    /// Checks a cluster member sent to another node's leader (a client that sends each key
-    /// to its shard's leader keeps this near 0).
+    /// Commands (checks, and the refunds and evictions a check may carry) a cluster member
+    /// sent to another node's leader, each attempt; a client that sends each key to its
+    /// shard's leader keeps it low.
     pub forwarded: IntCounter,
     /// Cluster members only (refreshed every second):
     /// WAL submissions made durable, and the fsyncs that covered them.
@@ -151,7 +152,7 @@ impl Metrics {
             ),
             forwarded: counter(
                 "quorate_forwarded_checks_total",
-                "Checks sent to another node's leader (each attempt), not decided here",
+                "Commands (checks, refunds, evictions) sent to another node's leader, each attempt",
             ),
             wal_appends: gauge(
                 "quorate_wal_appends",

@@ -102,7 +102,8 @@ fn sweep_under_heavy_fast_load_finds_no_violation() {
     sweep_seeds(&base, 11, 6);
 }
 
-/// Clients that know every node (`Client::with_nodes`) under the full nemesis: no violation,
+/// Clients that know every node (as `Client::cluster` builds them: failover, and routing
+/// to shard leaders) under the full nemesis: no violation,
 /// and they ride through the crashes that fail single-node clients. Seed 6 crashes a node
 /// while clients wait on it: its clients of one node each see calls fail or end unknown
 /// (the control, run here too, so the seed is seen to test failover), while the failover

@@ -3,8 +3,9 @@
 //! 100 ms, whose boundaries fall inside entries), sends one single-item check
 //! with a unique request id to a random node over RESP, and records the operation —
 //! invoked, then allowed, denied, failed or unknown — in the shared history. With
-//! `--failover-clients` the client of that node knows the others too and moves to the next
-//! one up when the node is down (its history entry still names the node chosen first).
+//! `--failover-clients` the client of that node knows the others too, moves to the next
+//! one up when the node is down, and sends each check to its shard's leader once it has a
+//! routing map (its history entry still names the node chosen first).
 
 use super::history::{History, Op, Outcome};
 use super::hosts::NodeHandle;
@@ -136,7 +137,9 @@ pub async fn client(
                 jitter_seed: (index * 16 + i) as u64,
                 down_for: Duration::from_secs(1),
                 failback_after: Duration::from_secs(10),
-                routes_every: None,
+                // Failover clients are what `Client::cluster` builds: routing to shard
+                // leaders on, as by default.
+                routes_every: opts.failover_clients.then_some(Duration::from_secs(1)),
             };
             let order = if opts.failover_clients {
                 nodes.len()

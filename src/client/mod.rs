@@ -97,7 +97,9 @@ use tokio::time::Instant;
 /// `ClientConfig { timeout, ..ClientConfig::default() }`.
 #[derive(Debug, Clone)]
 pub struct ClientConfig {
-    /// Connections in the pool: how many calls can be in flight at once (at least 1).
+    /// Connections in the pool: how many calls can be in flight at once (at least 1). With
+    /// several nodes and routing ([`ClientConfig::routes_every`]) there is one such pool per
+    /// node, each preferring its node, and one more connection per node for `QR.ROUTES`.
     pub connections: usize,
     /// The longest a call may take, waiting for a connection included.
     pub timeout: Duration,
@@ -240,6 +242,19 @@ struct Shared<C: Connector> {
     epoch: Instant,
     /// With several nodes and [`ClientConfig::routes_every`]: the clients calls go through.
     router: Option<Router<C>>,
+}
+
+/// Owned by a routing map's refresh task: ends the refresh when dropped, however the task
+/// ends (done, dropped unpolled or cancelled by a runtime shutting down, or panicked), so
+/// the next refresh can start.
+struct RefreshClaim<C: Connector>(std::sync::Weak<Shared<C>>);
+
+impl<C: Connector> Drop for RefreshClaim<C> {
+    fn drop(&mut self) {
+        if let Some(router) = self.0.upgrade().as_ref().and_then(|s| s.router.as_ref()) {
+            router.release();
+        }
+    }
 }
 
 struct Node {
@@ -499,16 +514,23 @@ impl<C: Connector> Client<C> {
             return self;
         };
         if router.due(self.shared.now()) {
-            let client = self.clone();
             match tokio::runtime::Handle::try_current() {
                 Ok(rt) => {
+                    // The task holds the client weakly: a client dropped meanwhile is not
+                    // kept alive (nor its pools open) by its refresh.
+                    let claim = RefreshClaim(Arc::downgrade(&self.shared));
                     rt.spawn(async move {
-                        if let Some(r) = &client.shared.router {
+                        let Some(shared) = claim.0.upgrade() else {
+                            return;
+                        };
+                        if let Some(r) = &shared.router {
                             r.refresh().await;
                         }
+                        drop(claim);
                     });
                 }
-                Err(_) => router.abandon_refresh(),
+                // No runtime to run it on: the next call tries again.
+                Err(_) => router.release(),
             }
         }
         router.member(key)
@@ -712,5 +734,52 @@ impl<C: Connector> Client<C> {
         z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
         z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
         z ^ (z >> 31)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A refresh task dropped before it ran (its runtime shut down) still ends the refresh:
+    /// else routing would never refresh again for the client's life.
+    #[test]
+    fn a_refresh_dropped_with_its_runtime_lets_the_next_one_start() {
+        let config = ClientConfig {
+            routes_every: Some(Duration::ZERO),
+            ..ClientConfig::default()
+        };
+        // Nothing listens there; nothing is sent in this test anyway.
+        let addrs = [
+            "127.0.0.1:9".parse().unwrap(),
+            "127.0.0.1:7".parse().unwrap(),
+        ];
+        let client = Client::with_nodes(addrs, TcpConnector, config);
+        let router = || client.shared.router.as_ref().unwrap();
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        {
+            let _in = rt.enter();
+            client.routed(None);
+        }
+        assert!(
+            router().is_refreshing(),
+            "a refresh was spawned and has not run"
+        );
+        drop(rt);
+        assert!(
+            !router().is_refreshing(),
+            "the dropped task left the refresh claimed"
+        );
+        // And the next call starts one again.
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        let _in = rt.enter();
+        client.routed(None);
+        assert!(router().is_refreshing());
     }
 }

@@ -3,9 +3,11 @@
 //! Every node answers every key, but a node that does not lead the key's shard forwards the
 //! check to the leader and relays the answer: one more hop, and CPU on two nodes. A client
 //! that knows where keys live sends each check to its shard's leader instead:
-//! - Every `routes_every` a background task asks each node for `QR.ROUTES` (its own node id,
-//!   the shard count, each shard's leader and term, the limits' key prefixes) on a
-//!   connection of its own, and keeps, per shard, the leader reported in the newest term.
+//! - When a call finds the map older than `routes_every` (or finds none), it starts a task
+//!   that asks every node at once for `QR.ROUTES` (its own node id, the shard count, each
+//!   shard's leader and term, the limits' key prefixes), each on a connection of its own;
+//!   the call itself goes on with the map it has. The client keeps, per shard, the leader
+//!   reported in the newest term, and the node id of each address it has heard from.
 //! - A check goes to the client that prefers its first item's shard leader (one per node,
 //!   each failing over to the others as [`Client::with_nodes`] does); anything it cannot
 //!   place (no map yet, a leader unknown or not in the list, a limit the map does not name)
@@ -23,7 +25,7 @@ use crate::shard::route::{fnv1a, fnv1a_on, shard_of_hash};
 use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, RwLock};
+use std::sync::{Arc, Mutex, RwLock};
 use std::time::Duration;
 
 /// The routing part of a client of several nodes.
@@ -34,8 +36,13 @@ pub(super) struct Router<C: Connector> {
     probes: Vec<Client<C>>,
     every: Duration,
     map: RwLock<Option<Arc<Map>>>,
+    /// The node id each address answered with, by index, kept across refreshes: a leader
+    /// whose own answer was missed in one round is still placed.
+    ids: Mutex<Vec<Option<u64>>>,
     /// When the last refresh began (ns after the client's epoch); `u64::MAX`: never.
     refreshed: AtomicU64,
+    /// Set while a refresh task exists; a guard the task owns clears it however the task
+    /// ends (done, dropped unpolled or cancelled by a runtime shutting down, or panicked).
     refreshing: AtomicBool,
 }
 
@@ -91,7 +98,6 @@ impl<C: Connector> Router<C> {
             .map(|&a| {
                 let config = ClientConfig {
                     connections: 1,
-                    timeout: single.timeout.min(every),
                     ..single.clone()
                 };
                 Client::with_nodes([a], connector.clone(), config)
@@ -102,6 +108,7 @@ impl<C: Connector> Router<C> {
             probes,
             every,
             map: RwLock::new(None),
+            ids: Mutex::new(vec![None; addrs.len()]),
             refreshed: AtomicU64::new(u64::MAX),
             refreshing: AtomicBool::new(false),
         }
@@ -132,12 +139,15 @@ impl<C: Connector> Router<C> {
     }
 
     /// True when a refresh should start now (`now`: ns after the client's epoch); the caller
-    /// that gets true runs it.
+    /// that gets true owns the refresh, and calls [`Router::release`] once it has ended.
     pub(super) fn due(&self, now: u64) -> bool {
         let last = self.refreshed.load(Ordering::Relaxed);
         let every = u64::try_from(self.every.as_nanos()).unwrap_or(u64::MAX);
         let stale = last == u64::MAX || now.saturating_sub(last) >= every;
-        if stale && !self.refreshing.swap(true, Ordering::Acquire) {
+        if stale
+            && !self.refreshing.load(Ordering::Relaxed)
+            && !self.refreshing.swap(true, Ordering::Acquire)
+        {
             self.refreshed.store(now, Ordering::Relaxed);
             true
         } else {
@@ -145,28 +155,41 @@ impl<C: Connector> Router<C> {
         }
     }
 
-    /// A due refresh that could not start (no runtime to run it on): the next call tries.
-    pub(super) fn abandon_refresh(&self) {
-        self.refreshed.store(u64::MAX, Ordering::Relaxed);
+    /// True while a refresh is under way (tests).
+    #[cfg(test)]
+    pub(super) fn is_refreshing(&self) -> bool {
+        self.refreshing.load(Ordering::Acquire)
+    }
+
+    /// The refresh [`Router::due`] granted has ended: the next may start when due.
+    pub(super) fn release(&self) {
         self.refreshing.store(false, Ordering::Release);
     }
 
-    /// Asks every node for its routes and replaces the map (kept as it was if no node
-    /// answered).
+    /// Asks every node for its routes at once and replaces the map (kept as it was if no
+    /// node answered). Each probe is bounded by the client's timeout.
     pub(super) async fn refresh(&self) {
+        let asks = self.probes.iter().map(|p| p.call(&[b"QR.ROUTES"]));
+        let replies = futures::future::join_all(asks).await;
         let mut answers = Vec::new();
-        for (i, probe) in self.probes.iter().enumerate() {
-            if let Ok(frame) = probe.call(&[b"QR.ROUTES"]).await {
-                match parse_routes(frame) {
-                    Ok(r) => answers.push((i, r)),
-                    Err(e) => tracing::debug!(node = i, %e, "no routes from this node"),
-                }
+        for (i, reply) in replies.into_iter().enumerate() {
+            match reply.and_then(parse_routes) {
+                Ok(r) => answers.push((i, r)),
+                // A member of an older version does not know QR.ROUTES: its checks are not
+                // routed, which costs a forward, so this is no warning.
+                Err(e) => tracing::debug!(node = i, %e, "no routes from this node"),
             }
         }
-        if let Some(map) = merge(&answers) {
+        let ids = {
+            let mut ids = self.ids.lock().unwrap_or_else(|p| p.into_inner());
+            for (i, r) in &answers {
+                ids[*i] = Some(r.node);
+            }
+            ids.clone()
+        };
+        if let Some(map) = merge(&answers, &ids) {
             *self.map.write().unwrap_or_else(|p| p.into_inner()) = Some(Arc::new(map));
         }
-        self.refreshing.store(false, Ordering::Release);
     }
 
     /// The shard count and each shard's leader's index in the client's list, once known.
@@ -176,12 +199,17 @@ impl<C: Connector> Router<C> {
     }
 }
 
-/// One map from the nodes' answers (`(index in the client's list, answer)`): the shard count
-/// and prefixes of the first answer, and per shard the leader reported in the newest term,
-/// if the client knows that node's address.
-fn merge(answers: &[(usize, Routes)]) -> Option<Map> {
+/// One map from the nodes' answers (`(index in the client's list, answer)`) and the node id
+/// each index answered with so far (`ids`): the shard count and prefixes of the first
+/// answer, and per shard the leader reported in the newest term, if the client knows that
+/// node's address.
+fn merge(answers: &[(usize, Routes)], ids: &[Option<u64>]) -> Option<Map> {
     let (_, first) = answers.first()?;
-    let index_of: HashMap<u64, usize> = answers.iter().map(|(i, r)| (r.node, *i)).collect();
+    let index_of: HashMap<u64, usize> = ids
+        .iter()
+        .enumerate()
+        .filter_map(|(i, id)| Some(((*id)?, i)))
+        .collect();
     let leaders = (0..first.shards as usize)
         .map(|shard| {
             answers
@@ -286,11 +314,23 @@ mod tests {
             (2, routes(3, &[(Some(1), 4), (Some(9), 7)])),
             (0, routes(1, &[(None, 5), (None, 6)])),
         ];
-        let map = merge(&answers).unwrap();
+        let ids = [Some(1), Some(2), Some(3)];
+        let map = merge(&answers, &ids).unwrap();
         assert_eq!(map.shards, 2);
         assert_eq!(map.leaders, vec![Some(1), None]);
         assert_eq!(map.prefixes["login"], fnv1a(b"login:"));
-        assert!(merge(&[]).is_none());
+        assert!(merge(&[], &ids).is_none());
+        // Node 2 (index 1) did not answer this round, and node 3 names it shard 0's leader:
+        // its id is known from an earlier round.
+        let answers = vec![
+            (2, routes(3, &[(Some(2), 5), (Some(9), 7)])),
+            (0, routes(1, &[(None, 5), (None, 6)])),
+        ];
+        let map = merge(&answers, &ids).unwrap();
+        assert_eq!(map.leaders, vec![Some(1), None]);
+        // Never heard from: its shards go to the first node up.
+        let map = merge(&answers, &[Some(1), None, Some(3)]).unwrap();
+        assert_eq!(map.leaders, vec![None, None]);
     }
 
     #[test]
