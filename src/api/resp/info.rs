@@ -104,15 +104,21 @@ pub fn info(service: &Service, sections: &[Bytes]) -> Frame {
 ///
 /// A stale answer costs only speed: every node forwards what it does not lead.
 pub fn routes(service: &Service) -> Frame {
+    // Node ids and terms are u64; a RESP integer is i64. An id beyond it (never chosen in
+    // practice) is not routed to: nil, or an error for the node's own.
+    let int = |n: u64| i64::try_from(n).ok().map(Frame::Integer);
     let (node, shards) = match service.cluster() {
         Some(c) => (
-            c.node_id() as i64,
+            match int(c.node_id()) {
+                Some(Frame::Integer(id)) => id,
+                _ => return Frame::err("this node's id does not fit a RESP integer"),
+            },
             c.leaders()
                 .into_iter()
                 .map(|(leader, term)| {
                     Frame::Array(vec![
-                        leader.map_or(Frame::Null, |l| Frame::Integer(l as i64)),
-                        Frame::Integer(term as i64),
+                        leader.and_then(int).unwrap_or(Frame::Null),
+                        int(term).unwrap_or(Frame::Integer(i64::MAX)),
                     ])
                 })
                 .collect(),
