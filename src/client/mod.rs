@@ -756,10 +756,13 @@ mod tests {
         ];
         let client = Client::with_nodes(addrs, TcpConnector, config);
         let router = || client.shared.router.as_ref().unwrap();
-        let rt = tokio::runtime::Builder::new_current_thread()
-            .enable_all()
-            .build()
-            .unwrap();
+        let runtime = || {
+            tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .unwrap()
+        };
+        let rt = runtime();
         {
             let _in = rt.enter();
             client.routed(None);
@@ -774,10 +777,7 @@ mod tests {
             "the dropped task left the refresh claimed"
         );
         // And the next call starts one again.
-        let rt = tokio::runtime::Builder::new_current_thread()
-            .enable_all()
-            .build()
-            .unwrap();
+        let rt = runtime();
         let _in = rt.enter();
         client.routed(None);
         assert!(router().is_refreshing());
