@@ -112,15 +112,16 @@ pub struct ClientConfig {
     /// up is replaced by one to an earlier node (if one accepts; else it is kept).
     pub failback_after: Duration,
     /// With several nodes: send each check to its shard's leader, from a map of where keys
-    /// live that is fetched again at this interval (`QR.ROUTES`, see [`route`]). `None`:
-    /// every check goes to the first node up, which forwards what it does not lead.
+    /// live (`QR.ROUTES`, see [`route`]) that a call fetches again in the background when it
+    /// finds it older than this. `None`: every check goes to the first node up, which
+    /// forwards what it does not lead.
     pub routes_every: Option<Duration>,
 }
 
 impl Default for ClientConfig {
     /// 4 connections, 1 s timeout, a jitter seed that differs between clients; a failed
     /// node passed over for 1 s, failback after 10 s; with several nodes, checks sent to
-    /// their shard's leader, the map fetched every second.
+    /// their shard's leader, the map fetched again once it is a second old.
     fn default() -> Self {
         ClientConfig {
             connections: 4,
@@ -516,20 +517,22 @@ impl<C: Connector> Client<C> {
         if router.due(self.shared.now()) {
             match tokio::runtime::Handle::try_current() {
                 Ok(rt) => {
-                    // The task holds the client weakly: a client dropped meanwhile is not
-                    // kept alive (nor its pools open) by its refresh.
+                    // While it waits for the probes the task holds only them and a weak
+                    // reference: a client dropped meanwhile closes its pools at once.
                     let claim = RefreshClaim(Arc::downgrade(&self.shared));
+                    let probes = router.probes();
                     rt.spawn(async move {
-                        let Some(shared) = claim.0.upgrade() else {
-                            return;
-                        };
-                        if let Some(r) = &shared.router {
-                            r.refresh().await;
+                        let answers = route::ask(&probes).await;
+                        if let Some(shared) = claim.0.upgrade() {
+                            if let Some(r) = &shared.router {
+                                r.apply(answers);
+                            }
                         }
                         drop(claim);
                     });
                 }
-                // No runtime to run it on: the next call tries again.
+                // No runtime to run it on (a call could not run either): the next refresh
+                // starts when due.
                 Err(_) => router.release(),
             }
         }

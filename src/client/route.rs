@@ -32,8 +32,9 @@ use std::time::Duration;
 pub(super) struct Router<C: Connector> {
     /// `members[i]` prefers node `i`, then the others in list order.
     pub(super) members: Vec<Client<C>>,
-    /// `probes[i]`: node `i` alone, one connection, for `QR.ROUTES`.
-    probes: Vec<Client<C>>,
+    /// `probes[i]`: node `i` alone, one connection, for `QR.ROUTES` (shared with a refresh
+    /// task, which holds nothing else of the client while it waits).
+    probes: Arc<[Client<C>]>,
     every: Duration,
     map: RwLock<Option<Arc<Map>>>,
     /// The node id each address answered with, by index, kept across refreshes: a leader
@@ -96,8 +97,11 @@ impl<C: Connector> Router<C> {
         let probes = addrs
             .iter()
             .map(|&a| {
+                // A refresh lasts as long as its slowest probe: bounded by `every` (at least
+                // PROBE_FLOOR, so a short interval does not time every probe out).
                 let config = ClientConfig {
                     connections: 1,
+                    timeout: single.timeout.min(every.max(PROBE_FLOOR)),
                     ..single.clone()
                 };
                 Client::with_nodes([a], connector.clone(), config)
@@ -166,22 +170,25 @@ impl<C: Connector> Router<C> {
         self.refreshing.store(false, Ordering::Release);
     }
 
-    /// Asks every node for its routes at once and replaces the map (kept as it was if no
-    /// node answered). Each probe is bounded by the client's timeout.
-    pub(super) async fn refresh(&self) {
-        let asks = self.probes.iter().map(|p| p.call(&[b"QR.ROUTES"]));
-        let replies = futures::future::join_all(asks).await;
-        let mut answers = Vec::new();
-        for (i, reply) in replies.into_iter().enumerate() {
-            match reply.and_then(parse_routes) {
-                Ok(r) => answers.push((i, r)),
-                // A member of an older version does not know QR.ROUTES: its checks are not
-                // routed, which costs a forward, so this is no warning.
-                Err(e) => tracing::debug!(node = i, %e, "no routes from this node"),
-            }
-        }
+    /// The probes, for a refresh task ([`ask`], then [`Router::apply`]).
+    pub(super) fn probes(&self) -> Arc<[Client<C>]> {
+        self.probes.clone()
+    }
+
+    /// Replaces the map with one from `answers` ([`ask`]; kept as it was if no node
+    /// answered).
+    pub(super) fn apply(&self, answers: Vec<(usize, Routes)>) {
         let ids = {
             let mut ids = self.ids.lock().unwrap_or_else(|p| p.into_inner());
+            for (_, r) in &answers {
+                // An id answers at one address: a node that moved to another address is no
+                // longer placed at its old one.
+                for id in ids.iter_mut() {
+                    if *id == Some(r.node) {
+                        *id = None;
+                    }
+                }
+            }
             for (i, r) in &answers {
                 ids[*i] = Some(r.node);
             }
@@ -197,6 +204,25 @@ impl<C: Connector> Router<C> {
         let map = self.map.read().unwrap_or_else(|p| p.into_inner());
         map.as_ref().map(|m| (m.shards, m.leaders.clone()))
     }
+}
+
+/// The shortest time a probe is given, whatever `routes_every` is.
+const PROBE_FLOOR: Duration = Duration::from_millis(250);
+
+/// Asks every probe for its node's routes at once; the answers, by index.
+pub(super) async fn ask<C: Connector>(probes: &[Client<C>]) -> Vec<(usize, Routes)> {
+    let asks = probes.iter().map(|p| p.call(&[b"QR.ROUTES"]));
+    let replies = futures::future::join_all(asks).await;
+    let mut answers = Vec::new();
+    for (i, reply) in replies.into_iter().enumerate() {
+        match reply.and_then(parse_routes) {
+            Ok(r) => answers.push((i, r)),
+            // A member of an older version does not know QR.ROUTES: its checks are not
+            // routed, which costs a forward, so this is no warning.
+            Err(e) => tracing::debug!(node = i, %e, "no routes from this node"),
+        }
+    }
+    answers
 }
 
 /// One map from the nodes' answers (`(index in the client's list, answer)`) and the node id
@@ -331,6 +357,24 @@ mod tests {
         // Never heard from: its shards go to the first node up.
         let map = merge(&answers, &[Some(1), None, Some(3)]).unwrap();
         assert_eq!(map.leaders, vec![None, None]);
+    }
+
+    #[test]
+    fn a_node_that_answers_at_another_address_is_placed_there_only() {
+        let addrs: Vec<SocketAddr> = (1..=3)
+            .map(|p| format!("127.0.0.1:{p}").parse().unwrap())
+            .collect();
+        let config = ClientConfig::default();
+        let tcp = crate::net::tcp::TcpConnector;
+        let router = Router::new(&addrs, &tcp, &config, Duration::from_secs(1));
+        router.apply(vec![
+            (0, routes(1, &[(Some(2), 3)])),
+            (2, routes(2, &[(Some(2), 3)])),
+        ]);
+        assert_eq!(router.known(), Some((1, vec![Some(2)])));
+        // Node 2 now answers at the second address (replaced there); the third is silent.
+        router.apply(vec![(1, routes(2, &[(Some(2), 4)]))]);
+        assert_eq!(router.known(), Some((1, vec![Some(1)])));
     }
 
     #[test]
