@@ -36,7 +36,7 @@ pub(super) struct Router<C: Connector> {
     /// task, which holds nothing else of the client while it waits).
     probes: Arc<[Client<C>]>,
     every: Duration,
-    map: RwLock<Option<Arc<Map>>>,
+    map: RwLock<Option<Map>>,
     /// The node id each address answered with, by index, kept across refreshes: a leader
     /// whose own answer was missed in one round is still placed.
     ids: Mutex<Vec<Option<u64>>>,
@@ -48,7 +48,7 @@ pub(super) struct Router<C: Connector> {
 }
 
 /// Where keys live, as the nodes last said.
-#[derive(Debug, Default)]
+#[derive(Debug)]
 struct Map {
     shards: u32,
     /// Per shard: the index (in the client's list) of its leader's node.
@@ -120,26 +120,19 @@ impl<C: Connector> Router<C> {
 
     /// The member client for `key` (its shard leader's node), or the first one.
     pub(super) fn member(&self, key: Option<RouteKey<'_>>) -> &Client<C> {
-        let first = &self.members[0];
-        let map = self.map.read().unwrap_or_else(|p| p.into_inner()).clone();
-        let (Some(map), Some(key)) = (map, key) else {
-            return first;
-        };
-        let hash = match key {
-            RouteKey::Named { limit, key } => match map.prefixes.get(limit) {
-                Some(&prefix) => fnv1a_on(prefix, key.as_bytes()),
-                None => return first,
-            },
-            RouteKey::Inline { limit, key } => inline_route(&limit, key),
-        };
-        if map.shards == 0 {
-            return first;
-        }
-        let shard = shard_of_hash(hash, map.shards) as usize;
-        match map.leaders.get(shard).copied().flatten() {
-            Some(i) => &self.members[i],
-            None => first,
-        }
+        let leader = key.and_then(|key| {
+            let map = self.map.read().unwrap_or_else(|p| p.into_inner());
+            let map = map.as_ref().filter(|m| m.shards > 0)?;
+            let hash = match key {
+                RouteKey::Named { limit, key } => {
+                    fnv1a_on(*map.prefixes.get(limit)?, key.as_bytes())
+                }
+                RouteKey::Inline { limit, key } => inline_route(&limit, key),
+            };
+            let shard = shard_of_hash(hash, map.shards) as usize;
+            map.leaders.get(shard).copied().flatten()
+        });
+        &self.members[leader.unwrap_or(0)]
     }
 
     /// True when a refresh should start now (`now`: ns after the client's epoch); the caller
@@ -195,7 +188,7 @@ impl<C: Connector> Router<C> {
             ids.clone()
         };
         if let Some(map) = merge(&answers, &ids) {
-            *self.map.write().unwrap_or_else(|p| p.into_inner()) = Some(Arc::new(map));
+            *self.map.write().unwrap_or_else(|p| p.into_inner()) = Some(map);
         }
     }
 
