@@ -16,8 +16,10 @@ pub struct NodeConfig {
     pub data_dir: Option<PathBuf>,
     /// The policy file; `None` uses the built-in default policies.
     pub policies: Option<PathBuf>,
-    /// Number of shards keys are spread over (jump consistent hash).
+    /// Number of shards keys are spread over.
     pub shards: u32,
+    /// How keys are spread over the shards (see [`crate::shard::route`]).
+    pub sharding: crate::shard::route::Sharding,
     /// Most keys the node holds across all limits; at the cap, new keys get their
     /// limit's `on_unavailable` answer and existing keys keep working.
     pub max_keys: u64,
@@ -155,6 +157,7 @@ impl Default for NodeConfig {
             data_dir: None,
             policies: None,
             shards: 16,
+            sharding: crate::shard::route::Sharding::Hash,
             max_keys: 10_000_000,
             max_key_len: 512,
             max_items: 16,
@@ -193,6 +196,12 @@ pub struct NodeOptions {
     /// cluster needs the same count [default: 16 for a single node, 3 for a cluster member].
     #[arg(long, env = "QUORATE_SHARDS")]
     pub shards: Option<u32>,
+    /// How keys are spread over shards: "hash" (each limit's keys spread on their own), or
+    /// "slots" (Redis Cluster's hash slots, so Redis Cluster clients and
+    /// `redis-benchmark --cluster` send each key to its leader). Chosen when a cluster is
+    /// created; every member needs the same [default: hash].
+    #[arg(long, env = "QUORATE_SHARDING")]
+    pub sharding: Option<String>,
     /// Most keys held by the node; new keys beyond get their limit's on_unavailable answer
     /// [default: 10000000].
     #[arg(long, env = "QUORATE_MAX_KEYS")]
@@ -322,6 +331,7 @@ impl NodeOptions {
             data_dir: self.data_dir.or(fallback.data_dir),
             policies: self.policies.or(fallback.policies),
             shards: self.shards.or(fallback.shards),
+            sharding: self.sharding.or(fallback.sharding),
             max_keys: self.max_keys.or(fallback.max_keys),
             max_key_len: self.max_key_len.or(fallback.max_key_len),
             max_items: self.max_items.or(fallback.max_items),
@@ -470,6 +480,12 @@ impl NodeOptions {
             data_dir: self.data_dir.clone(),
             policies: self.policies.clone(),
             shards: positive("shards", self.shards.unwrap_or(default_shards) as u64)? as u32,
+            sharding: match &self.sharding {
+                None => d.sharding,
+                Some(text) => crate::shard::route::Sharding::parse(text).ok_or_else(|| {
+                    format!("`sharding` = \"{text}\" is neither \"hash\" nor \"slots\"")
+                })?,
+            },
             max_keys: positive("max_keys", self.max_keys.unwrap_or(d.max_keys))?,
             max_key_len: positive(
                 "max_key_len",
@@ -668,6 +684,16 @@ mod tests {
             ..Default::default()
         })
         .contains("`shards`"));
+        assert!(bad(NodeOptions {
+            sharding: Some("ring".into()),
+            ..Default::default()
+        })
+        .contains("neither \"hash\" nor \"slots\""));
+        let slots = NodeOptions::from_toml("sharding = \"slots\"").unwrap();
+        assert_eq!(
+            slots.to_config().unwrap().sharding,
+            crate::shard::route::Sharding::Slots
+        );
         assert!(bad(NodeOptions {
             idle_timeout: Some("soon".into()),
             ..Default::default()

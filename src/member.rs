@@ -12,6 +12,7 @@ use crate::raft::log_store::{GroupLog, NodeLog};
 use crate::raft::rpc::{CallError, Transport};
 use crate::raft::{GroupId, NodeId};
 use crate::service::Service;
+use crate::shard::route::Sharding;
 use crate::wal::WalOptions;
 use futures::future::BoxFuture;
 use std::future::Future;
@@ -139,7 +140,9 @@ pub fn check_log_format(data_dir: &std::path::Path) -> io::Result<()> {
         io::Error::new(
             io::ErrorKind::InvalidData,
             format!(
-                "the data directory {} holds a Raft log of format {found}, and this quorate                  reads format {LOG_FORMAT}: run the quorate that wrote it, or stop every member                  and start them on fresh data directories (docs/operations.md, \"Upgrade\")",
+                "the data directory {} holds a Raft log of format {found}, and this quorate \
+                 reads format {LOG_FORMAT}: run the quorate that wrote it, or stop every member \
+                 and start them on fresh data directories (docs/operations.md, \"Upgrade\")",
                 data_dir.display()
             ),
         )
@@ -157,9 +160,59 @@ pub fn check_log_format(data_dir: &std::path::Path) -> io::Result<()> {
     }
 }
 
+/// The file in a data directory that records how its cluster spreads keys over shards.
+pub const SHARDING_FILE: &str = "sharding";
+
+/// Refuses a data directory written with another sharding (which group holds a key follows
+/// from it, as from the shard count). A log without the record was written before `slots`
+/// existed, so with `hash`. A directory without a log gets the record.
+pub fn check_sharding(data_dir: &std::path::Path, sharding: Sharding) -> io::Result<()> {
+    let path = data_dir.join(SHARDING_FILE);
+    let found = match std::fs::read_to_string(&path) {
+        Ok(text) => Sharding::parse(text.trim()).ok_or_else(|| {
+            io::Error::new(
+                io::ErrorKind::InvalidData,
+                format!(
+                    "{} should hold the data directory's sharding, hash or slots, not {:?}: \
+                     restore it (it is the sharding the cluster was created with)",
+                    path.display(),
+                    text.trim()
+                ),
+            )
+        })?,
+        Err(e) if e.kind() == io::ErrorKind::NotFound && data_dir.join("wal").exists() => {
+            Sharding::Hash
+        }
+        Err(e) if e.kind() == io::ErrorKind::NotFound => {
+            return write_record(data_dir, SHARDING_FILE, sharding.name())
+        }
+        Err(e) => return Err(e),
+    };
+    if found == sharding {
+        return Ok(());
+    }
+    Err(io::Error::new(
+        io::ErrorKind::InvalidInput,
+        format!(
+            "the data directory {} belongs to a cluster that shards keys by {}, but this \
+             member is configured with {}: start it with --sharding {} \
+             (QUORATE_SHARDING={}), or give a new cluster a new data directory",
+            data_dir.display(),
+            found.name(),
+            sharding.name(),
+            found.name(),
+            found.name()
+        ),
+    ))
+}
+
 /// Writes a one-line record into the data directory durably: a temporary file, fsynced,
 /// renamed into place, then the directory fsynced.
-fn write_record(data_dir: &std::path::Path, name: &str, value: u32) -> io::Result<()> {
+fn write_record(
+    data_dir: &std::path::Path,
+    name: &str,
+    value: impl std::fmt::Display,
+) -> io::Result<()> {
     use std::io::Write;
     std::fs::create_dir_all(data_dir)?;
     let tmp = data_dir.join(format!("{name}.tmp"));
@@ -215,10 +268,12 @@ pub async fn start<P: Listener, C: Connector>(
         .map(|(id, addr)| (*id, addr.clone()))
         .collect();
     let shards = config.shards.max(1);
+    let sharding = config.sharding;
     let dir = data_dir.clone();
     blocking_io(settings.hooks.io_on_runtime, move || {
         check_log_format(&dir)?;
-        check_shard_count(&dir, shards)
+        check_shard_count(&dir, shards)?;
+        check_sharding(&dir, sharding)
     })
     .await?;
     let wal_dir = data_dir.join("wal");
@@ -356,6 +411,34 @@ mod tests {
             std::fs::read_to_string(data.join(SHARDS_FILE)).unwrap(),
             "16\n"
         );
+    }
+
+    #[test]
+    fn a_data_directory_keeps_its_sharding_and_an_old_log_is_hash() {
+        let dir = tempfile::tempdir().unwrap();
+        let data = dir.path().join("data");
+        check_sharding(&data, Sharding::Slots).unwrap();
+        assert_eq!(
+            std::fs::read_to_string(data.join(SHARDING_FILE)).unwrap(),
+            "slots\n"
+        );
+        check_sharding(&data, Sharding::Slots).unwrap();
+        let e = check_sharding(&data, Sharding::Hash).unwrap_err();
+        assert_eq!(e.kind(), io::ErrorKind::InvalidInput);
+        assert!(e.to_string().contains("--sharding slots"), "{e}");
+        // A log written before the record was written with hash sharding.
+        let old = dir.path().join("old");
+        std::fs::create_dir_all(old.join("wal")).unwrap();
+        check_sharding(&old, Sharding::Hash).unwrap();
+        let e = check_sharding(&old, Sharding::Slots).unwrap_err();
+        assert!(e.to_string().contains("--sharding hash"), "{e}");
+        assert!(
+            !old.join(SHARDING_FILE).exists(),
+            "the refusal wrote a record"
+        );
+        std::fs::write(data.join(SHARDING_FILE), "ring\n").unwrap();
+        let e = check_sharding(&data, Sharding::Slots).unwrap_err();
+        assert_eq!(e.kind(), io::ErrorKind::InvalidData);
     }
 
     #[test]

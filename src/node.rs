@@ -84,6 +84,7 @@ impl Node {
     ) -> io::Result<Node> {
         let http_addr = http.local_addr()?;
         let resp_addr = resp.local_addr()?;
+        service.set_resp_addr(resp_addr);
         let eviction_interval = service.config().eviction_interval;
         tasks.extend([
             tokio::spawn(crate::api::http::serve(

@@ -1255,3 +1255,208 @@ async fn a_routing_client_sends_each_check_to_its_shards_leader() {
     );
     eprintln!("forwarded: 0 of 120 routed checks, {during} of 60 unrouted");
 }
+
+/// One RESP command to `addr` on a fresh connection, and its reply.
+fn resp_call(addr: std::net::SocketAddr, args: &[&str]) -> quorate::api::resp::Frame {
+    use std::io::{Read, Write};
+    let mut s = std::net::TcpStream::connect(addr).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    let mut req = format!("*{}\r\n", args.len());
+    for a in args {
+        req.push_str(&format!("${}\r\n{a}\r\n", a.len()));
+    }
+    s.write_all(req.as_bytes()).unwrap();
+    let mut buf = bytes::BytesMut::new();
+    let limits = quorate::api::resp::Limits::from_max_frame_bytes(1 << 20);
+    loop {
+        if let Some(f) = quorate::api::resp::decode::parse_reply(&mut buf, &limits).unwrap() {
+            return f;
+        }
+        let mut chunk = [0u8; 4096];
+        let n = s.read(&mut chunk).unwrap();
+        assert!(n > 0, "{addr} closed before replying to {args:?}");
+        buf.extend_from_slice(&chunk[..n]);
+    }
+}
+
+/// `CLUSTER SLOTS` as (first slot, last slot, RESP address, node name).
+fn cluster_slots(addr: std::net::SocketAddr) -> Vec<(u16, u16, std::net::SocketAddr, String)> {
+    use quorate::api::resp::Frame;
+    let Frame::Array(ranges) = resp_call(addr, &["CLUSTER", "SLOTS"]) else {
+        panic!("CLUSTER SLOTS is not an array")
+    };
+    ranges
+        .into_iter()
+        .map(|r| match &r {
+            Frame::Array(p) => match &p[..] {
+                [Frame::Integer(a), Frame::Integer(b), Frame::Array(node)] => match &node[..] {
+                    [Frame::Bulk(host), Frame::Integer(port), Frame::Bulk(name)] => (
+                        *a as u16,
+                        *b as u16,
+                        format!("{}:{port}", String::from_utf8_lossy(host))
+                            .parse()
+                            .unwrap(),
+                        String::from_utf8_lossy(name).into_owned(),
+                    ),
+                    _ => panic!("{r:?}"),
+                },
+                _ => panic!("{r:?}"),
+            },
+            _ => panic!("{r:?}"),
+        })
+        .collect()
+}
+
+/// A cluster created with `--sharding slots` answers `CLUSTER SLOTS` as Redis Cluster does:
+/// every slot once, each range at the RESP address of the member leading its shard, the
+/// same from every member. A check sent where the map says (as a Redis Cluster client or
+/// `redis-benchmark --cluster` sends it) is not forwarded, nor is one from quorate's own
+/// routing client, which learns the sharding from `QR.ROUTES`. The control: the same checks
+/// sent to one node are forwarded for every key of a shard it does not lead.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn slot_sharding_answers_cluster_slots_and_a_key_sent_there_is_not_forwarded() {
+    use quorate::shard::route::key_slot;
+    let cluster = blocking(|| Cluster::start(3, &policies(), &["--sharding", "slots"]));
+    let resp: Vec<_> = cluster.members.iter().map(|m| m.resp).collect();
+    // Wait for every shard to have a leader, on more than one node (rebalanced).
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let map = loop {
+        let map = blocking({
+            let a = resp[0];
+            move || cluster_slots(a)
+        });
+        let covered: u32 = map.iter().map(|r| (r.1 - r.0) as u32 + 1).sum();
+        let owners: std::collections::BTreeSet<_> = map.iter().map(|r| r.2).collect();
+        if covered == 16384 && owners.len() > 1 {
+            break map;
+        }
+        assert!(Instant::now() < deadline, "no spread slot map: {map:?}");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    };
+    let mut next = 0u32;
+    for (first, last, addr, name) in &map {
+        assert_eq!(*first as u32, next, "{map:?}");
+        next = *last as u32 + 1;
+        let i = resp
+            .iter()
+            .position(|a| a == addr)
+            .expect("a member's address");
+        assert_eq!(*name, format!("{:040x}", cluster.members[i].id));
+    }
+    // Every member gives the same map (each asks the others for their addresses).
+    for a in &resp[1..] {
+        let a = *a;
+        let theirs = blocking(move || cluster_slots(a));
+        assert_eq!(theirs, map, "node at {a} sees another map");
+    }
+    let nodes = blocking({
+        let a = resp[1];
+        move || resp_call(a, &["CLUSTER", "NODES"])
+    });
+    let quorate::api::resp::Frame::Bulk(nodes) = nodes else {
+        panic!("{nodes:?}")
+    };
+    let nodes = String::from_utf8(nodes.to_vec()).unwrap();
+    assert_eq!(nodes.lines().count(), 3, "{nodes}");
+    assert_eq!(nodes.matches("myself,master").count(), 1, "{nodes}");
+
+    let owner = |map: &[(u16, u16, std::net::SocketAddr, String)], key: &str| {
+        let slot = key_slot(key.as_bytes());
+        map.iter().find(|r| r.0 <= slot && slot <= r.1).unwrap().2
+    };
+    let forwarded = || {
+        (0..3)
+            .map(|i| metric(&cluster, i, "quorate_forwarded_checks_total"))
+            .sum::<u64>()
+    };
+    // Keys as redis-benchmark --cluster writes them: a hash tag picks the slot.
+    let keys: Vec<String> = (0..60).map(|i| format!("bench:{{t{i}}}:k")).collect();
+    let throttle = |addr, key: &str| {
+        let key = key.to_string();
+        blocking(move || resp_call(addr, &["CL.THROTTLE", &key, "15", "30", "60", "1"]))
+    };
+    let mut clean = false;
+    for _ in 0..3 {
+        let before = forwarded();
+        for k in &keys {
+            let reply = throttle(owner(&map, k), k);
+            assert!(
+                matches!(&reply, quorate::api::resp::Frame::Array(p) if p[0] == quorate::api::resp::Frame::Integer(0)),
+                "{reply:?}"
+            );
+        }
+        let during = forwarded() - before;
+        let after = blocking({
+            let a = resp[0];
+            move || cluster_slots(a)
+        });
+        if after == map {
+            assert_eq!(
+                during, 0,
+                "checks sent to their slot's leader were forwarded"
+            );
+            clean = true;
+            break;
+        }
+        eprintln!("leadership moved during the round ({during} forwarded); again");
+    }
+    assert!(clean, "leadership kept moving");
+
+    // quorate's routing client learns `slots` from QR.ROUTES and routes by slot too.
+    let config = ClientConfig {
+        connections: 2,
+        timeout: Duration::from_secs(5),
+        jitter_seed: 7,
+        down_for: Duration::from_secs(1),
+        failback_after: Duration::from_secs(10),
+        routes_every: Some(Duration::from_millis(200)),
+    };
+    let routed = Client::with_nodes(resp.clone(), quorate::net::tcp::TcpConnector, config);
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while !routed
+        .routes()
+        .is_some_and(|(n, l)| n as usize == SHARDS && l.iter().all(|l| l.is_some()))
+    {
+        assert!(Instant::now() < deadline, "no map: {:?}", routed.routes());
+        routed.ping().await.unwrap();
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let mut clean = false;
+    for _ in 0..3 {
+        let before = (forwarded(), routed.routes());
+        for k in &keys {
+            assert!(
+                routed
+                    .check(&[("count", k, 1)], None)
+                    .await
+                    .unwrap()
+                    .allowed
+            );
+            assert!(!routed.throttle(k, 15, 30, 60, 1).await.unwrap().limited);
+        }
+        if routed.routes() == before.1 {
+            assert_eq!(
+                forwarded() - before.0,
+                0,
+                "a routing client's checks were forwarded"
+            );
+            clean = true;
+            break;
+        }
+    }
+    assert!(clean, "leadership kept moving");
+
+    // The control: everything to node 1.
+    let elsewhere = keys.iter().filter(|k| owner(&map, k) != resp[0]).count() as u64;
+    assert!(elsewhere > 0);
+    let before = forwarded();
+    for k in &keys {
+        throttle(resp[0], k);
+    }
+    let during = forwarded() - before;
+    assert!(
+        during >= elsewhere,
+        "{during} forwarded; {elsewhere} keys are on shards node 1 does not lead"
+    );
+    eprintln!("forwarded: 0 of 240 slot-routed checks, {during} of 60 sent to node 1");
+}

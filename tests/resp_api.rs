@@ -10,6 +10,7 @@ use quorate::net::tcp::TcpListener;
 use quorate::net::Listener;
 use quorate::policy::PolicySet;
 use quorate::service::Service;
+use quorate::shard::route::Sharding;
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
@@ -516,6 +517,91 @@ async fn qr_routes_names_the_shards_and_the_key_prefixes() {
     c.roundtrip(
         &cmd("QR.ROUTES now"),
         "-ERR wrong number of arguments for 'qr.routes' command\r\n",
+    )
+    .await;
+}
+
+#[tokio::test]
+async fn cluster_commands_answer_under_slot_sharding_and_refuse_under_hash() {
+    // Hash sharding (the default): KEYSLOT is a pure function and answers; the rest says
+    // how to turn cluster support on, as Redis does when it is off.
+    let node = Node::start(|_| {}).await;
+    let mut c = node.connect().await;
+    c.roundtrip(&cmd("CLUSTER KEYSLOT foo"), ":12182\r\n").await;
+    c.roundtrip(&cmd("CLUSTER KEYSLOT {user1000}.following"), ":3443\r\n")
+        .await;
+    c.send(cmd("CLUSTER NODES").as_bytes()).await;
+    match c.frame().await {
+        Frame::Error(m) => assert!(
+            m.contains("cluster support disabled") && m.contains("--sharding slots"),
+            "{m}"
+        ),
+        other => panic!("{other:?}"),
+    }
+    c.roundtrip(
+        &cmd("CLUSTER RESET"),
+        "-ERR unknown subcommand 'RESET'. Try CLUSTER NODES, SLOTS, INFO, MYID or KEYSLOT.\r\n",
+    )
+    .await;
+    c.roundtrip(
+        &cmd("CLUSTER"),
+        "-ERR wrong number of arguments for 'cluster' command\r\n",
+    )
+    .await;
+    c.roundtrip(&cmd("READONLY"), "+OK\r\n").await;
+    c.send(cmd("QR.ROUTES").as_bytes()).await;
+    assert_eq!(
+        array(c.frame().await).len(),
+        4,
+        "a hash node adds no fifth element"
+    );
+
+    // Slot sharding: a single node leads every slot, at the address it serves.
+    let node = Node::start(|c| c.sharding = Sharding::Slots).await;
+    node.service.set_resp_addr(node.addr);
+    let mut c = node.connect().await;
+    let id = "0".repeat(40);
+    c.roundtrip(&cmd("CLUSTER NODES"), &{
+        let line = format!(
+            "{id} {}@0 myself,master - 0 0 0 connected 0-16383\n",
+            node.addr
+        );
+        format!("${}\r\n{line}\r\n", line.len())
+    })
+    .await;
+    c.send(cmd("CLUSTER SLOTS").as_bytes()).await;
+    assert_eq!(
+        array(c.frame().await),
+        vec![Frame::Array(vec![
+            Frame::Integer(0),
+            Frame::Integer(16383),
+            Frame::Array(vec![
+                Frame::bulk(node.addr.ip().to_string()),
+                Frame::Integer(node.addr.port() as i64),
+                Frame::bulk(id.clone()),
+            ]),
+        ])]
+    );
+    c.send(cmd("CLUSTER INFO").as_bytes()).await;
+    match c.frame().await {
+        Frame::Bulk(b) => {
+            let text = String::from_utf8(b.to_vec()).unwrap();
+            assert!(
+                text.starts_with("cluster_enabled:1\r\ncluster_state:ok\r\n"),
+                "{text}"
+            );
+        }
+        other => panic!("{other:?}"),
+    }
+    c.roundtrip(&cmd("CLUSTER MYID"), &format!("$40\r\n{id}\r\n"))
+        .await;
+    c.send(cmd("QR.ROUTES").as_bytes()).await;
+    let parts = array(c.frame().await);
+    assert_eq!(parts.get(4), Some(&Frame::bulk("slots")));
+    // Checks still work, keyed as before.
+    c.roundtrip(
+        &cmd("CL.THROTTLE {t}:a 0 1 60"),
+        "*5\r\n:0\r\n:1\r\n:0\r\n:-1\r\n:60\r\n",
     )
     .await;
 }

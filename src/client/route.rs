@@ -21,7 +21,7 @@ use super::{Client, ClientConfig, ClientError};
 use crate::api::resp::frame::Frame;
 use crate::net::Connector;
 use crate::service::{inline_route, InlineLimit};
-use crate::shard::route::{fnv1a, fnv1a_on, shard_of_hash};
+use crate::shard::route::{fnv1a, Sharding};
 use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -51,6 +51,7 @@ pub(super) struct Router<C: Connector> {
 #[derive(Debug)]
 struct Map {
     shards: u32,
+    sharding: Sharding,
     /// Per shard: the index (in the client's list) of its leader's node.
     leaders: Vec<Option<usize>>,
     /// Named limits: the hash of their storage-key prefix.
@@ -62,6 +63,8 @@ struct Map {
 pub(super) struct Routes {
     pub node: u64,
     pub shards: u32,
+    /// How the cluster spreads keys (a fifth element; a node without it shards by hash).
+    pub sharding: Sharding,
     /// Per shard: its leader as the node knows it, and the term.
     pub leaders: Vec<(Option<u64>, u64)>,
     pub prefixes: Vec<(String, String)>,
@@ -123,13 +126,13 @@ impl<C: Connector> Router<C> {
         let leader = key.and_then(|key| {
             let map = self.map.read().unwrap_or_else(|p| p.into_inner());
             let map = map.as_ref().filter(|m| m.shards > 0)?;
-            let hash = match key {
+            let route = match key {
                 RouteKey::Named { limit, key } => {
-                    fnv1a_on(*map.prefixes.get(limit)?, key.as_bytes())
+                    map.sharding.route(*map.prefixes.get(limit)?, key)
                 }
-                RouteKey::Inline { limit, key } => inline_route(&limit, key),
+                RouteKey::Inline { limit, key } => inline_route(&limit, key, map.sharding),
             };
-            let shard = shard_of_hash(hash, map.shards) as usize;
+            let shard = map.sharding.shard(route, map.shards) as usize;
             map.leaders.get(shard).copied().flatten()
         });
         &self.members[leader.unwrap_or(0)]
@@ -233,7 +236,7 @@ fn merge(answers: &[(usize, Routes)], ids: &[Option<u64>]) -> Option<Map> {
         .map(|shard| {
             answers
                 .iter()
-                .filter(|(_, r)| r.shards == first.shards)
+                .filter(|(_, r)| r.shards == first.shards && r.sharding == first.sharding)
                 .filter_map(|(_, r)| {
                     let (leader, term) = *r.leaders.get(shard)?;
                     Some((term, leader?))
@@ -249,6 +252,7 @@ fn merge(answers: &[(usize, Routes)], ids: &[Option<u64>]) -> Option<Map> {
         .collect();
     Some(Map {
         shards: first.shards,
+        sharding: first.sharding,
         leaders,
         prefixes,
     })
@@ -262,10 +266,20 @@ pub(super) fn parse_routes(frame: Frame) -> Result<Routes, ClientError> {
         Frame::Error(m) => return Err(resp::server_error(m)),
         _ => return Err(bad("not an array")),
     };
+    let (sharding, parts) = match &parts[..] {
+        [four @ .., Frame::Bulk(name)] if four.len() == 4 => (
+            std::str::from_utf8(name)
+                .ok()
+                .and_then(Sharding::parse)
+                .ok_or_else(|| bad("sharding is neither hash nor slots"))?,
+            four,
+        ),
+        four => (Sharding::Hash, four),
+    };
     let [Frame::Integer(node), Frame::Integer(shards), Frame::Array(leaders), Frame::Array(prefixes)] =
-        &parts[..]
+        parts
     else {
-        return Err(bad("expected node, shards, leaders, prefixes"));
+        return Err(bad("expected node, shards, leaders, prefixes[, sharding]"));
     };
     let node = u64::try_from(*node).map_err(|_| bad("negative node id"))?;
     let shards = u32::try_from(*shards).map_err(|_| bad("shard count out of range"))?;
@@ -305,6 +319,7 @@ pub(super) fn parse_routes(frame: Frame) -> Result<Routes, ClientError> {
     Ok(Routes {
         node,
         shards,
+        sharding,
         leaders,
         prefixes,
     })
@@ -318,6 +333,7 @@ mod tests {
         Routes {
             node,
             shards: leaders.len() as u32,
+            sharding: Sharding::Hash,
             leaders: leaders.to_vec(),
             prefixes: vec![("login".into(), "login:".into())],
         }
@@ -381,15 +397,30 @@ mod tests {
             ]),
             Frame::Array(vec![Frame::bulk("api"), Frame::bulk("api:")]),
         ]);
+        let want = Routes {
+            node: 2,
+            shards: 2,
+            sharding: Sharding::Hash,
+            leaders: vec![(Some(1), 3), (None, 0)],
+            prefixes: vec![("api".into(), "api:".into())],
+        };
+        assert_eq!(parse_routes(good.clone()).unwrap(), want);
+        // A fifth element names the sharding; one the client does not know is refused.
+        let with = |name: &str| {
+            let Frame::Array(mut parts) = good.clone() else {
+                unreachable!()
+            };
+            parts.push(Frame::bulk(name.to_string()));
+            parse_routes(Frame::Array(parts))
+        };
         assert_eq!(
-            parse_routes(good).unwrap(),
+            with("slots").unwrap(),
             Routes {
-                node: 2,
-                shards: 2,
-                leaders: vec![(Some(1), 3), (None, 0)],
-                prefixes: vec![("api".into(), "api:".into())],
+                sharding: Sharding::Slots,
+                ..want
             }
         );
+        assert!(matches!(with("ring"), Err(ClientError::Protocol(_))));
         let short = Frame::Array(vec![
             Frame::Integer(2),
             Frame::Integer(2),

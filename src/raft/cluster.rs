@@ -236,7 +236,24 @@ pub struct Cluster {
     fallbacks: AtomicU64,
     /// Denials learned from other nodes' leaders.
     denials: DenialCache,
+    /// This node's RESP address, once its server is bound.
+    resp_addr: std::sync::OnceLock<std::net::SocketAddr>,
+    /// Other members' RESP addresses as they last gave them, and when (monotonic ns).
+    peer_resp: Mutex<std::collections::HashMap<NodeId, (std::net::SocketAddr, u64)>>,
 }
+
+/// A member as a Redis Cluster client needs it (`CLUSTER NODES`, `CLUSTER SLOTS`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ClientNode {
+    pub id: NodeId,
+    /// Where it serves RESP clients, `host:port` (`None`: not known, it has not answered).
+    pub resp: Option<String>,
+    /// Its peer address's port (Redis's "cluster bus" port), 0 when not known.
+    pub bus_port: u16,
+}
+
+/// How long a member's RESP address is used before it is asked again.
+const RESP_ADDR_TTL: u64 = 10 * crate::limiter::SECOND;
 
 impl Cluster {
     /// Opens every group's state machine and log, starts its Raft node, and initialises the
@@ -327,6 +344,8 @@ impl Cluster {
             bounds,
             fallbacks: AtomicU64::new(0),
             denials,
+            resp_addr: std::sync::OnceLock::new(),
+            peer_resp: Mutex::default(),
         });
         for g in &cluster.groups {
             tokio::spawn(propose_loop(cluster.clone(), g.clone()));
@@ -341,6 +360,81 @@ impl Cluster {
 
     pub fn count(&self) -> u32 {
         self.groups.len() as u32
+    }
+
+    /// Records where this node serves RESP clients (once its server is bound).
+    pub fn set_resp_addr(&self, addr: std::net::SocketAddr) {
+        let _ = self.resp_addr.set(addr);
+    }
+
+    /// Every member of any shard, with where it serves RESP clients: its own answer, asked
+    /// over the peer connection at most every 10 s (each ask bounded by the forward
+    /// timeout; a member that does not answer keeps its last known address). An address
+    /// bound to all interfaces (`0.0.0.0`, `::`) is given with its peer address's host.
+    pub async fn client_nodes(&self) -> Vec<ClientNode> {
+        let mut members: BTreeMap<NodeId, String> = BTreeMap::new();
+        for g in &self.groups {
+            let m = g.raft.metrics().borrow().membership_config.clone();
+            for (id, node) in m.membership().nodes() {
+                members.entry(*id).or_insert_with(|| node.addr.clone());
+            }
+        }
+        let now = self.clock.monotonic();
+        let stale: Vec<NodeId> = {
+            let known = lock(&self.peer_resp);
+            members
+                .keys()
+                .filter(|id| **id != self.config.node_id)
+                .filter(|id| {
+                    known
+                        .get(id)
+                        .is_none_or(|(_, at)| now.saturating_sub(*at) >= RESP_ADDR_TTL)
+                })
+                .copied()
+                .collect()
+        };
+        let asked = futures::future::join_all(stale.into_iter().map(|id| async move {
+            let answer = ask(
+                &*self.transport,
+                id,
+                &PeerRequest::RespAddr,
+                self.config.forward_timeout,
+            )
+            .await;
+            (id, answer)
+        }))
+        .await;
+        let mut known = lock(&self.peer_resp);
+        for (id, answer) in asked {
+            match answer {
+                Ok(PeerResponse::RespAddr(Some(addr))) => {
+                    known.insert(id, (addr, now));
+                }
+                other => tracing::debug!(peer = id, answer = ?other.map(|_| ()), "no RESP address"),
+            }
+        }
+        members
+            .into_iter()
+            .map(|(id, peer)| {
+                let resp = if id == self.config.node_id {
+                    self.resp_addr.get().copied()
+                } else {
+                    known.get(&id).map(|(a, _)| *a)
+                };
+                let (host, port) = peer.rsplit_once(':').unwrap_or((peer.as_str(), "0"));
+                ClientNode {
+                    id,
+                    resp: resp.map(|a| {
+                        if a.ip().is_unspecified() {
+                            format!("{host}:{}", a.port())
+                        } else {
+                            a.to_string()
+                        }
+                    }),
+                    bus_port: port.parse().unwrap_or(0),
+                }
+            })
+            .collect()
     }
 
     /// Each shard's leader as this node knows it, and its term (`QR.ROUTES`).
@@ -797,6 +891,7 @@ impl Cluster {
                 commands,
                 fast,
             } => PeerResponse::Forward(self.decide_forwarded(g, commands, fast).await),
+            PeerRequest::RespAddr => PeerResponse::RespAddr(self.resp_addr.get().copied()),
         };
         super::rpc::encode(&response)
     }

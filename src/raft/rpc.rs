@@ -45,6 +45,9 @@ pub enum PeerRequest {
         /// Every command may be answered before it commits (`consistency = "fast"`).
         fast: bool,
     },
+    /// The RESP address the peer serves clients on (`CLUSTER NODES`). Last, so that the
+    /// variants before it keep their encoding; an older member refuses it as undecodable.
+    RespAddr,
 }
 
 /// A change of a group's voters, carried out by the group's leader.
@@ -79,6 +82,8 @@ pub enum PeerResponse {
     Members(Result<(), ForwardError>),
     /// The request could not be decoded or names a group this node does not have.
     Refused(String),
+    /// The RESP address this node serves clients on (`None` before its server is bound).
+    RespAddr(Option<std::net::SocketAddr>),
 }
 
 /// Largest message body decoded (a snapshot chunk or a log batch).

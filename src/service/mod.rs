@@ -19,7 +19,7 @@ use crate::policy::PolicySet;
 use crate::raft::cluster::{Cluster, GroupStatus};
 use crate::shard::actor::{ShardError, Shards};
 use crate::shard::command::{Applied, Command};
-use crate::shard::route::{shard_of, shard_of_hash};
+use crate::shard::route::{shard_of, Sharding};
 use crate::shard::state::Bounds;
 use resolve::Resolved;
 use serde::Serialize;
@@ -76,6 +76,8 @@ struct Inner {
     call_timeout: std::time::Duration,
     /// Counts decisions, for sampling the decision log deterministically.
     decided: AtomicU64,
+    /// Where the RESP server listens, once bound (`CLUSTER NODES` on a single node).
+    resp_addr: std::sync::OnceLock<std::net::SocketAddr>,
 }
 
 /// One shard's status, for `/v1/admin/status`.
@@ -221,6 +223,7 @@ impl Service {
                 shards,
                 call_timeout,
                 decided: AtomicU64::new(0),
+                resp_addr: std::sync::OnceLock::new(),
             }),
         }
     }
@@ -323,7 +326,7 @@ impl Service {
         timer: Option<&mut LazyTimer>,
     ) -> Result<CheckResponse, CheckError> {
         let item = &mut items[0];
-        let shard = shard_of_hash(item.route, self.inner.shards.count());
+        let shard = self.sharding().shard(item.route, self.inner.shards.count());
         let fast = item.fast;
         let command = item.command(request_id, 0, true);
         let timeout = self.inner.call_timeout;
@@ -363,7 +366,7 @@ impl Service {
                 Ok(mut items) => {
                     let single = items.len() == 1;
                     for (i, item) in items.iter_mut().enumerate() {
-                        let shard = shard_of_hash(item.route, self.inner.shards.count());
+                        let shard = self.sharding().shard(item.route, self.inner.shards.count());
                         let slot = per_shard
                             .entry(shard)
                             .or_insert_with(|| (Vec::new(), Vec::new(), true));
@@ -538,7 +541,7 @@ impl Service {
             }) = applied
             {
                 if decision.allowed() && item.cost > 0 {
-                    let shard = shard_of_hash(item.route, self.inner.shards.count());
+                    let shard = self.sharding().shard(item.route, self.inner.shards.count());
                     refunds.entry(shard).or_default().push(item.refund(*at));
                 }
             }
@@ -736,7 +739,25 @@ impl Service {
         self.inner.shards.count()
     }
 
-    /// The shard that owns a storage key (test and admin use).
+    /// Records where the RESP server listens (the node does, once it is bound).
+    pub fn set_resp_addr(&self, addr: std::net::SocketAddr) {
+        let _ = self.inner.resp_addr.set(addr);
+        if let Backend::Cluster(c) = &self.inner.shards {
+            c.set_resp_addr(addr);
+        }
+    }
+
+    /// Where the RESP server listens, once the node has said.
+    pub fn resp_addr(&self) -> Option<std::net::SocketAddr> {
+        self.inner.resp_addr.get().copied()
+    }
+
+    /// How keys are spread over shards.
+    pub fn sharding(&self) -> Sharding {
+        self.inner.config.sharding
+    }
+
+    /// The shard that owns a storage key under `hash` sharding (test and admin use).
     pub fn shard_of(&self, storage_key: &str) -> u32 {
         shard_of(storage_key, self.inner.shards.count())
     }

@@ -8,7 +8,7 @@ use crate::config::NodeConfig;
 use crate::limiter::{Algorithm, Limit, Nanos};
 use crate::policy::{OnUnavailable, PolicySet};
 use crate::shard::command::Command;
-use crate::shard::route::{fnv1a, fnv1a_on};
+use crate::shard::route::{fnv1a, fnv1a_on, key_slot, Sharding};
 use std::borrow::Cow;
 use std::cell::RefCell;
 
@@ -24,7 +24,8 @@ pub struct Resolved {
     pub key: String,
     /// The key in the shard's table: the limit's prefix, then the key.
     pub storage_key: String,
-    /// `fnv1a(storage_key)`, which routes the key to its shard (see [`crate::shard::route`]).
+    /// What routes the key to its shard (see [`crate::shard::route`]): `fnv1a(storage_key)`
+    /// under `hash` sharding, the key's hash slot under `slots`.
     pub route: u64,
     /// The key type for logs: the prefix without its trailing separator.
     pub key_type: Cow<'static, str>,
@@ -124,9 +125,13 @@ fn item(
                 .get(name)
                 .ok_or_else(|| CheckError::UnknownLimit(name.clone(), policies.names()))?;
             let storage_key = concat(&[&options.key_prefix, &item.key]);
+            let route = match config.sharding {
+                Sharding::Hash => fnv1a(storage_key.as_bytes()),
+                Sharding::Slots => key_slot(item.key.as_bytes()) as u64,
+            };
             Ok(Resolved {
                 name: Cow::Owned(name.clone()),
-                route: fnv1a(storage_key.as_bytes()),
+                route,
                 storage_key,
                 key: std::mem::take(&mut item.key),
                 key_type: Cow::Owned(options.key_prefix.trim_end_matches(':').to_string()),
@@ -148,8 +153,14 @@ fn item(
             let limit = Limit::new(spec.algorithm, spec.limit, spec.period_ns, burst)
                 .map_err(|e| invalid(format!("inline limit: {e}")))?;
             // The parameters are part of the key, so two inline limits never share state.
-            let (storage_key, route) =
-                inline_storage_key(spec.algorithm, spec.limit, spec.period_ns, burst, &item.key);
+            let (storage_key, route) = inline_storage_key(
+                spec.algorithm,
+                spec.limit,
+                spec.period_ns,
+                burst,
+                &item.key,
+                config.sharding,
+            );
             Ok(Resolved {
                 name: Cow::Borrowed("inline"),
                 key: std::mem::take(&mut item.key),
@@ -178,13 +189,14 @@ thread_local! {
 
 type InlineParams = (Algorithm, u64, Nanos, u64);
 
-/// `inline:ALGORITHM:LIMIT:PERIOD_NS:BURST:KEY`, and its hash.
+/// `inline:ALGORITHM:LIMIT:PERIOD_NS:BURST:KEY`, and its route under `sharding`.
 fn inline_storage_key(
     algorithm: Algorithm,
     limit: u64,
     period_ns: Nanos,
     burst: u64,
     key: &str,
+    sharding: Sharding,
 ) -> (String, u64) {
     INLINE_PREFIX.with_borrow_mut(|(last, prefix, prefix_hash)| {
         let params = (algorithm, limit, period_ns, burst);
@@ -193,10 +205,7 @@ fn inline_storage_key(
             *prefix_hash = fnv1a(prefix.as_bytes());
             *last = Some(params);
         }
-        (
-            concat(&[prefix, key]),
-            fnv1a_on(*prefix_hash, key.as_bytes()),
-        )
+        (concat(&[prefix, key]), sharding.route(*prefix_hash, key))
     })
 }
 
@@ -221,12 +230,17 @@ fn inline_prefix(algorithm: Algorithm, limit: u64, period_ns: Nanos, burst: u64)
     ])
 }
 
-/// The route (`fnv1a` of the storage key) of `key` under the inline limit `spec`, as
-/// [`request`] resolves it: what a client computes to find the key's shard.
-pub(crate) fn inline_route(spec: &InlineLimit, key: &str) -> u64 {
-    let burst = spec.burst.unwrap_or(spec.limit);
-    let prefix = inline_prefix(spec.algorithm, spec.limit, spec.period_ns, burst);
-    fnv1a_on(fnv1a(prefix.as_bytes()), key.as_bytes())
+/// The route of `key` under the inline limit `spec`, as [`request`] resolves it: what a
+/// client computes to find the key's shard.
+pub(crate) fn inline_route(spec: &InlineLimit, key: &str, sharding: Sharding) -> u64 {
+    match sharding {
+        Sharding::Hash => {
+            let burst = spec.burst.unwrap_or(spec.limit);
+            let prefix = inline_prefix(spec.algorithm, spec.limit, spec.period_ns, burst);
+            fnv1a_on(fnv1a(prefix.as_bytes()), key.as_bytes())
+        }
+        Sharding::Slots => key_slot(key.as_bytes()) as u64,
+    }
 }
 
 /// The strings joined, in one allocation.
@@ -281,11 +295,47 @@ mod tests {
             let LimitRef::Inline(spec) = &throttle(key, limit, burst).items[0].limit else {
                 unreachable!()
             };
-            assert_eq!(inline_route(spec, key), resolved[0].route);
+            assert_eq!(inline_route(spec, key, Sharding::Hash), resolved[0].route);
         }
         let mut named = throttle("k", 1, 1);
         named.items[0].limit = LimitRef::Named("api".into());
         let resolved = request(&mut named, &policies, &config).unwrap();
         assert_eq!(resolved[0].route, fnv1a(resolved[0].storage_key.as_bytes()));
+    }
+
+    #[test]
+    fn slot_sharding_routes_every_limit_of_a_key_by_the_keys_hash_slot() {
+        let policies = PolicySet::from_toml(
+            "[inline]\nallow = true\n[limits.api]\nalgorithm = \"gcra\"\nlimit = 1\nperiod = \"1s\"\n",
+        ).unwrap();
+        let config = NodeConfig {
+            sharding: Sharding::Slots,
+            ..NodeConfig::default()
+        };
+        for key in ["foo", "{user1}.a", "bar"] {
+            let slot = key_slot(key.as_bytes()) as u64;
+            let inline = request(&mut throttle(key, 30, 16), &policies, &config).unwrap();
+            assert_eq!(inline[0].route, slot, "{key}");
+            assert_eq!(
+                inline[0].storage_key,
+                format!("inline:gcra:30:60000000000:16:{key}")
+            );
+            let LimitRef::Inline(spec) = &throttle(key, 30, 16).items[0].limit else {
+                unreachable!()
+            };
+            assert_eq!(inline_route(spec, key, Sharding::Slots), slot);
+            let mut named = throttle(key, 1, 1);
+            named.items[0].limit = LimitRef::Named("api".into());
+            let named = request(&mut named, &policies, &config).unwrap();
+            assert_eq!(named[0].route, slot, "{key}");
+        }
+        assert_eq!(inline_route_of("foo"), 12182);
+    }
+
+    fn inline_route_of(key: &str) -> u64 {
+        let LimitRef::Inline(spec) = &throttle(key, 1, 1).items[0].limit else {
+            unreachable!()
+        };
+        inline_route(spec, key, Sharding::Slots)
     }
 }

@@ -10,9 +10,11 @@
 //! - `QR.PEEK limit key` — `QR.CHECK limit key 0`.
 //! - `QR.ROUTES` — where keys live, for clients that send each key to its shard's leader
 //!   (see [`super::info::routes`]).
+//! - `CLUSTER NODES|SLOTS|INFO|MYID|KEYSLOT key` — the Redis Cluster view of a cluster
+//!   created with `sharding = "slots"` (see [`super::cluster`]).
 //!
 //! And what redis-cli, redis-benchmark and client libraries send on connecting: `PING`,
-//! `ECHO`, `QUIT`, `SELECT 0`, `CLIENT ...`, `HELLO [2]`, `COMMAND [DOCS|COUNT]`,
+//! `ECHO`, `QUIT`, `SELECT 0`, `CLIENT ...`, `HELLO [2]`, `COMMAND [DOCS|COUNT]`, `READONLY`, `READWRITE`,
 //! `CONFIG GET`, `INFO`.
 
 use super::frame::{parse_int, Frame};
@@ -34,7 +36,7 @@ pub enum Command {
     Quit,
     /// `SELECT 0`: there is only one database.
     Select,
-    /// `CLIENT ...`: accepted and ignored (`+OK`).
+    /// `CLIENT ...`, `READONLY`, `READWRITE`: accepted and ignored (`+OK`).
     Client,
     /// `HELLO [2]`.
     Hello,
@@ -49,6 +51,18 @@ pub enum Command {
     /// `QR.ROUTES`: this node's id, the shard count, each shard's leader, the limits' key
     /// prefixes.
     Routes,
+    /// `CLUSTER subcommand`.
+    Cluster(ClusterCommand),
+}
+
+/// The `CLUSTER` subcommands answered (see [`super::cluster`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ClusterCommand {
+    Nodes,
+    Slots,
+    Info,
+    MyId,
+    KeySlot(Bytes),
 }
 
 /// The reply shape of a check command.
@@ -101,6 +115,39 @@ impl CommandError {
     }
 }
 
+/// `CLUSTER subcommand [arg]`.
+fn cluster(rest: &[&[u8]]) -> Result<Command, CommandError> {
+    let Some((sub, args)) = rest.split_first() else {
+        return Err(CommandError::Arity("cluster"));
+    };
+    let is = |n: &str| sub.eq_ignore_ascii_case(n.as_bytes());
+    let bare = |c: ClusterCommand| match args {
+        [] => Ok(Command::Cluster(c)),
+        _ => Err(CommandError::Arity("cluster")),
+    };
+    if is("NODES") {
+        bare(ClusterCommand::Nodes)
+    } else if is("SLOTS") {
+        bare(ClusterCommand::Slots)
+    } else if is("INFO") {
+        bare(ClusterCommand::Info)
+    } else if is("MYID") {
+        bare(ClusterCommand::MyId)
+    } else if is("KEYSLOT") {
+        match args {
+            [key] => Ok(Command::Cluster(ClusterCommand::KeySlot(
+                Bytes::copy_from_slice(key),
+            ))),
+            _ => Err(CommandError::Arity("cluster|keyslot")),
+        }
+    } else {
+        Err(CommandError::Unknown(format!(
+            "unknown subcommand '{}'. Try CLUSTER NODES, SLOTS, INFO, MYID or KEYSLOT.",
+            String::from_utf8_lossy(sub)
+        )))
+    }
+}
+
 /// The longest period `CL.THROTTLE` accepts, in seconds (366 days).
 pub const MAX_PERIOD_SECS: i64 = (MAX_PERIOD / SECOND) as i64;
 
@@ -121,6 +168,17 @@ pub fn parse(args: &[&[u8]]) -> Result<Command, CommandError> {
         match rest {
             [] => Ok(Command::Routes),
             _ => Err(CommandError::Arity("qr.routes")),
+        }
+    } else if is("CLUSTER") {
+        cluster(rest)
+    } else if is("READONLY") || is("READWRITE") {
+        match rest {
+            [] => Ok(Command::Client),
+            _ => Err(CommandError::Arity(if is("READONLY") {
+                "readonly"
+            } else {
+                "readwrite"
+            })),
         }
     } else if is("PING") {
         match rest {

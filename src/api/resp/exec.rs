@@ -55,6 +55,10 @@ pub async fn run(
                 checks.push(request);
                 slots.push(Slot::Check(reply));
             }
+            Ok(Command::Cluster(c)) => {
+                // May ask the other members for their addresses: not in `answer`.
+                slots.push(Slot::Ready(super::cluster::answer(service, c).await))
+            }
             Ok(Command::Quit) => {
                 slots.push(Slot::Ready(Frame::simple("OK")));
                 close = true;
@@ -124,6 +128,7 @@ fn answer(service: &Service, cmd: Command) -> Frame {
         Command::ConfigGet(params) => info::config_get(&params),
         Command::Info(sections) => info::info(service, &sections),
         Command::Routes => info::routes(service),
+        Command::Cluster(c) => Frame::err(format!("internal error: {c:?} outside its batch")),
         // Checks are answered with the batch, never here.
         Command::Check { .. } => Frame::err("internal error: check outside its batch"),
     }

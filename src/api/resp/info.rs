@@ -92,15 +92,19 @@ pub fn info(service: &Service, sections: &[Bytes]) -> Frame {
 }
 
 /// `QR.ROUTES`: where keys live, so that a client can send each key to its shard's leader
-/// and save the hop through a node that would forward it. An array of four:
+/// and save the hop through a node that would forward it. An array of four (five under
+/// `slots` sharding):
 /// 1. this node's id (0 on a single node);
-/// 2. the shard count (keys go to `jump(fnv1a(storage key), shards)`, `crate::shard::route`);
+/// 2. the shard count (keys go to `jump(fnv1a(storage key), shards)`, or by hash slot under
+///    `slots` sharding: `crate::shard::route`);
 /// 3. per shard, `[leader, term]`: the leader's node id as this node knows it (nil when it
 ///    knows none, and on a single node) and its term, so a client asking several nodes can
 ///    keep the newest;
 /// 4. the named limits' storage-key prefixes, flat: `name, prefix, name, prefix...` (a named
 ///    limit's storage key is its prefix and the key; an inline limit's is built from its
-///    parameters, as `crate::service::resolve` does).
+///    parameters, as `crate::service::resolve` does);
+/// 5. only under `slots` sharding: `slots` (a client that knows only four elements then
+///    refuses the answer and sends everything to its first node, rather than misroute).
 ///
 /// A stale answer costs only speed: every node forwards what it does not lead.
 pub fn routes(service: &Service) -> Frame {
@@ -136,12 +140,16 @@ pub fn routes(service: &Service) -> Frame {
         prefixes.push(Frame::bulk(name.clone()));
         prefixes.push(Frame::bulk(options.key_prefix.clone()));
     }
-    Frame::Array(vec![
+    let mut reply = vec![
         Frame::Integer(node),
         Frame::Integer(shards.len() as i64),
         Frame::Array(shards),
         Frame::Array(prefixes),
-    ])
+    ];
+    if service.sharding() != crate::shard::route::Sharding::Hash {
+        reply.push(Frame::bulk(service.sharding().name()));
+    }
+    Frame::Array(reply)
 }
 
 #[cfg(test)]

@@ -8,6 +8,7 @@
 //! replies ([`reply`], [`info`]), replies to bytes ([`encode`]); [`conn`] and [`server`] own
 //! the sockets. [`decode`] reads replies, for the client and tests.
 
+pub mod cluster;
 pub mod command;
 pub mod conn;
 pub mod decode;
