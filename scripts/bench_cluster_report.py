@@ -88,8 +88,9 @@ L.append(f"Measured {datetime.date.today().isoformat()} by `scripts/bench-cluste
          f"{sh('redis-server --version').split(' sha=')[0]}. Three `quorate node` processes on "
          f"one machine ({os.environ.get('QUORATE_SHARDS', '3')} shards (`QUORATE_SHARDS`; 3 is "
          "the cluster default), one Raft group each, "
-         "leaders spread one third per node, one runtime thread each; three more, the *one "
-         "shard* cluster below, idle beside them while these are measured), "
+         "leaders spread one third per node, one runtime thread each; six more, the *one "
+         "shard* and *slot sharding* clusters below, idle beside them while these are "
+         "measured), "
          "their WALs and Redis's AOF in one fresh temporary directory. Load: three "
          f"`redis-benchmark -c {clients} -r {keys} [-P 16]` processes at once, each with a "
          f"third of the {n:,} requests of a -P 1 run"
@@ -116,9 +117,23 @@ L.append("**Rows marked *one shard*: a second cluster, laid out for the one core
          "core. Same Redis runs, same rounds: each round runs Redis, then the first "
          "cluster, then this one.")
 L.append("")
+L.append("**Rows marked *slot sharding*: a third cluster, created with `sharding = \"slots\"`, "
+         "driven by `redis-benchmark --cluster --threads 1`.** Its shards own ranges of Redis "
+         "Cluster's hash slots and it answers `CLUSTER NODES`/`SLOTS`, so each of the three "
+         "load processes spreads its connections over the three shard leaders and writes, in "
+         "each key's `{tag}`, a slot of the node it sends to: nothing is forwarded, with leaders "
+         "spread as in the first cluster. The commands are the same with the key "
+         "`key:{tag}:__rand_int__`; redis-benchmark 7.0 gives each node one slot, so each "
+         f"process runs `-r {keys // 3}` (three nodes' keys: about as many keys in all as the "
+         "other rows). `--threads 1` because redis-benchmark's cluster mode needs a thread "
+         "(one, as the other rows' event loop). In the light-load row, each process's one "
+         "connection goes to the first node (redis-benchmark places the first connection "
+         "there), so one leader takes all of it, as in the *one shard* row.")
+L.append("")
 L.append("| pair | pipeline | Redis+Lua decisions/s | cluster decisions/s | cluster / Redis | Redis p50 / p99 ms | cluster p50 / p99 ms |")
 L.append("|---|---:|---:|---:|---:|---:|---:|")
 ONE_LABEL = ", *one shard*, load at its leader"
+SLOTS_LABEL = ", *slot sharding*, `redis-benchmark --cluster`"
 labels = {"strict": ("redis-aof", "cluster-strict",
                      "strict vs Redis `appendfsync always`"),
           "strict-one": ("redis-aof", "one-strict",
@@ -126,6 +141,10 @@ labels = {"strict": ("redis-aof", "cluster-strict",
           "fast": ("redis-mem", "cluster-fast", "fast vs Redis, no persistence"),
           "fast-one": ("redis-mem", "one-fast",
                        "fast vs Redis, no persistence" + ONE_LABEL),
+          "strict-slots": ("redis-aof", "slots-strict",
+                           "strict vs Redis `appendfsync always`" + SLOTS_LABEL),
+          "fast-slots": ("redis-mem", "slots-fast",
+                         "fast vs Redis, no persistence" + SLOTS_LABEL),
           "strict-hot": ("redis-aof-hot", "cluster-strict-hot",
                          "strict vs Redis `appendfsync always`, 10 hot keys (mostly denied)")}
 ratios = {}
@@ -147,7 +166,8 @@ if ("cluster-strict-light", 1) in runs and ("redis-aof-light", 1) in runs:
     L.append("")
     L.append("| pair | load | Redis+Lua decisions/s | cluster decisions/s | Redis p50 / p99 ms | cluster p50 / p99 ms |")
     L.append("|---|---|---:|---:|---:|---:|")
-    for q_sys, label in (("cluster-strict-light", ""), ("one-strict-light", ONE_LABEL)):
+    for q_sys, label in (("cluster-strict-light", ""), ("one-strict-light", ONE_LABEL),
+                         ("slots-strict-light", SLOTS_LABEL)):
         if (q_sys, 1) in runs:
             L.append(f"| strict vs Redis `appendfsync always`{label} | 3 x `-c 1` | "
                      f"{med('redis-aof-light', 1, 0):,.0f} | {med(q_sys, 1, 0):,.0f} | "
@@ -184,8 +204,10 @@ if os.path.exists(P("logs.csv")):
     rows = [r for r in csv.reader(open(P("logs.csv"))) if r]
     if any(r[0].isdigit() for r in rows):
         sys.exit("logs.csv names no cluster (written by an older bench-cluster)")
-    for name, pick in (("the first cluster", lambda n: not n.startswith("one-")),
-                       ("the one-shard cluster", lambda n: n.startswith("one-"))):
+    for name, pick in (("the first cluster",
+                        lambda n: not n.startswith("one-") and not n.startswith("slots-")),
+                       ("the one-shard cluster", lambda n: n.startswith("one-")),
+                       ("the slot-sharded cluster", lambda n: n.startswith("slots-"))):
         mine = [list(map(int, r[1:4])) for r in rows if pick(r[0])]
         if mine:
             L.append(f"| during the measurements: peer calls timed out / replication "
@@ -266,7 +288,8 @@ L.append("")
 L.append("### Targets")
 L.append("")
 budget = 2 * fsync_p50 + 2 * rtt
-layouts = {"": "", "-one": ", one shard, load at its leader"}
+layouts = {"": "", "-one": ", one shard, load at its leader",
+           "-slots": ", slot sharding, redis-benchmark --cluster"}
 for pair in ("strict", "fast"):  # the issue's two pairs; the hot-key rows are for reading
     for suffix, layout in layouts.items():
         for pipe in pipes:
@@ -277,11 +300,13 @@ for pair in ("strict", "fast"):  # the issue's two pairs; the hot-key rows are f
 def spread(system, pipe):
     return med(system, pipe, 2) - med(system, pipe, 1)
 one = ", one shard, load at its leader"
+slots = ", slot sharding, redis-benchmark --cluster"
 for q_sys, r_sys, pipe, load in [(f"{c}-strict", "redis-aof", p, f"-P {p}, saturating{l}")
-                                 for c, l in (("cluster", ""), ("one", one))
+                                 for c, l in (("cluster", ""), ("one", one), ("slots", slots))
                                  for p in pipes] + [
         ("cluster-strict-light", "redis-aof-light", 1, "light load (3 x -c 1)"),
-        ("one-strict-light", "redis-aof-light", 1, "light load (3 x -c 1)" + one)]:
+        ("one-strict-light", "redis-aof-light", 1, "light load (3 x -c 1)" + one),
+        ("slots-strict-light", "redis-aof-light", 1, "light load (3 x -c 1)" + slots)]:
     if (q_sys, pipe) in runs:
         d = spread(q_sys, pipe)
         redis = (f"; Redis AOF under the same load: {spread(r_sys, pipe):.3f} ms"
@@ -290,7 +315,7 @@ for q_sys, r_sys, pipe, load in [(f"{c}-strict", "redis-aof", p, f"-P {p}, satur
                  f"median (p99 - p50 = {d:.3f} ms vs 2 x {fsync_p50:.3f} + 2 x {rtt:.3f} "
                  f"= {budget:.3f} ms{redis}): **{'met' if d <= budget else 'not met'}**.")
 L.append("")
-L.append("Reproduce: `scripts/bench-cluster` (about 6 minutes; `--quick` for a smoke run, "
+L.append("Reproduce: `scripts/bench-cluster` (about 8 minutes; `--quick` for a smoke run, "
          "`--profile` to add a `perf` profile of node 1; installs redis-server and "
          "redis-tools if missing).")
 L.append("<!-- bench-cluster:end -->")
