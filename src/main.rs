@@ -208,6 +208,9 @@ struct ClusterArgs {
     /// `Client::with_nodes`), instead of one client per node.
     #[arg(long)]
     failover_clients: bool,
+    /// How the nodes spread keys over shards: "hash" or "slots" (Redis Cluster's hash slots).
+    #[arg(long, default_value = "hash", value_parser = parse_sharding)]
+    sharding: quorate::shard::route::Sharding,
     /// Run without the nemesis (no faults).
     #[arg(long)]
     no_nemesis: bool,
@@ -296,6 +299,11 @@ struct BoundaryArgs {
 }
 
 /// `60`, `1.5` (seconds, exact) or a humantime duration such as `10m`, to nanoseconds.
+fn parse_sharding(text: &str) -> Result<quorate::shard::route::Sharding, String> {
+    quorate::shard::route::Sharding::parse(text.trim())
+        .ok_or_else(|| format!("\"{text}\" is neither \"hash\" nor \"slots\""))
+}
+
 fn parse_duration(text: &str) -> Result<u64, String> {
     match sim::trace::parse_seconds(text.trim()) {
         Ok(ns) => Ok(ns),
@@ -410,6 +418,7 @@ fn sim_cluster(a: ClusterArgs) -> Result<(), CliError> {
         shards: a.shards,
         clients: a.clients,
         failover_clients: a.failover_clients,
+        sharding: a.sharding,
         nemesis: !a.no_nemesis,
         controls: Controls {
             apply_local_clock: a.unsafe_apply_local_clock,

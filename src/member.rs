@@ -303,6 +303,7 @@ pub async fn start<P: Listener, C: Connector>(
     // the Raft membership (not this list) decides who votes. Rotate the secret to shut out
     // a removed node that still has it.
     peer_config.members = None;
+    peer_config.slot_sharding = config.sharding == Sharding::Slots;
     let nonces = Nonces::from_seed(seed);
     let peers =
         Peers::new(peer_config.clone(), connector, addrs, nonces.clone()).map_err(invalid)?;

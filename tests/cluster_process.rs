@@ -1169,6 +1169,37 @@ async fn a_client_of_all_three_rides_through_a_kill_9_of_its_own_node() {
     assert_eq!(remaining(&c, "log", "ride").await, 10 - admitted);
 }
 
+/// Sends a `count` check and a `CL.THROTTLE` for every key through `routed` and asserts that
+/// none was forwarded (`forwarded` sums the members' counters). Leadership may move while
+/// the checks run (a rebalance): then the round is repeated, up to three times.
+async fn routed_checks_are_not_forwarded(
+    routed: &Client,
+    keys: &[String],
+    forwarded: impl Fn() -> u64,
+) {
+    for _ in 0..3 {
+        let map = routed.routes();
+        let before = forwarded();
+        for k in keys {
+            assert!(
+                routed
+                    .check(&[("count", k, 1)], None)
+                    .await
+                    .unwrap()
+                    .allowed
+            );
+            assert!(!routed.throttle(k, 15, 30, 60, 1).await.unwrap().limited);
+        }
+        let during = forwarded() - before;
+        if routed.routes() == map {
+            assert_eq!(during, 0, "a routed client's checks were forwarded");
+            return;
+        }
+        eprintln!("leadership moved during the round ({during} forwarded); again");
+    }
+    panic!("leadership kept moving");
+}
+
 /// A client of all three that sends each check to its shard's leader (`routes_every`): once
 /// it has the map (`QR.ROUTES`), no node forwards its checks, named or inline. The control:
 /// the same checks through a client without routing go to node 1, which forwards those of
@@ -1213,30 +1244,7 @@ async fn a_routing_client_sends_each_check_to_its_shards_leader() {
             .sum::<u64>()
     };
     let keys: Vec<String> = (0..60).map(|i| format!("route-{i}")).collect();
-    // Leadership may move while the checks run (a rebalance); then the round is repeated.
-    let mut clean = false;
-    for _ in 0..3 {
-        let map = routed.routes();
-        let before = forwarded();
-        for k in &keys {
-            assert!(
-                routed
-                    .check(&[("count", k, 1)], None)
-                    .await
-                    .unwrap()
-                    .allowed
-            );
-            assert!(!routed.throttle(k, 15, 30, 60, 1).await.unwrap().limited);
-        }
-        let during = forwarded() - before;
-        if routed.routes() == map {
-            assert_eq!(during, 0, "a routed client's checks were forwarded");
-            clean = true;
-            break;
-        }
-        eprintln!("leadership moved during the round ({during} forwarded); again");
-    }
-    assert!(clean, "leadership kept moving");
+    routed_checks_are_not_forwarded(&routed, &keys, forwarded).await;
     // The control: node 1 forwards each check of a shard it does not lead.
     let (_, leaders) = routed.routes().unwrap();
     let elsewhere = keys
@@ -1421,30 +1429,7 @@ async fn slot_sharding_answers_cluster_slots_and_a_key_sent_there_is_not_forward
         routed.ping().await.unwrap();
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
-    let mut clean = false;
-    for _ in 0..3 {
-        let before = (forwarded(), routed.routes());
-        for k in &keys {
-            assert!(
-                routed
-                    .check(&[("count", k, 1)], None)
-                    .await
-                    .unwrap()
-                    .allowed
-            );
-            assert!(!routed.throttle(k, 15, 30, 60, 1).await.unwrap().limited);
-        }
-        if routed.routes() == before.1 {
-            assert_eq!(
-                forwarded() - before.0,
-                0,
-                "a routing client's checks were forwarded"
-            );
-            clean = true;
-            break;
-        }
-    }
-    assert!(clean, "leadership kept moving");
+    routed_checks_are_not_forwarded(&routed, &keys, forwarded).await;
 
     // The control: everything to node 1.
     let elsewhere = keys.iter().filter(|k| owner(&map, k) != resp[0]).count() as u64;

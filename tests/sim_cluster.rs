@@ -142,6 +142,21 @@ fn failover_clients_find_no_violation_and_ride_through_crashes() {
     assert!(f.ops.invoked > p.ops.invoked, "{:?} vs {:?}", f.ops, p.ops);
 }
 
+/// A cluster created with slot sharding (Redis Cluster's hash slots, `--sharding slots`),
+/// with clients that route by slot through `QR.ROUTES`, under the full nemesis: no
+/// violation. The checkers place keys as the nodes do (`shard_of_key`). `.ci/run` runs 30
+/// more seeds of this kind on the release build.
+#[test]
+fn slot_sharding_finds_no_violation() {
+    let base = Options {
+        failover_clients: true,
+        sharding: quorate::shard::route::Sharding::Slots,
+        ..sweep_options()
+    };
+    sweep_seeds(&base, 3000, 4);
+    assert!(reproduce(&base).contains("--sharding slots"));
+}
+
 /// Named regression seeds: seeds that once reported a violation, kept so the fix stays. (The
 /// workload gained a policy since, `fw_fast`, so they no longer replay the runs that found
 /// those bugs; they stay as seeds that must run clean.)

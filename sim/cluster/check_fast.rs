@@ -26,7 +26,6 @@
 use super::bound;
 use super::history::{AppliedLog, History, Outcome};
 use crate::limiter::{Algorithm, Limit, Nanos};
-use crate::shard::route::shard_of;
 use std::collections::BTreeMap;
 
 /// The most one leader change may let `limit` hand out again: its capacity, for each window
@@ -45,7 +44,7 @@ pub fn check(
     history: &History,
     log: &AppliedLog,
     decisions: &BTreeMap<&str, (bool, Nanos)>,
-    shards: u32,
+    shard_of: impl Fn(&str, &str) -> u32,
     is_fast: impl Fn(&str) -> bool,
     allowance_of: impl Fn(&str) -> u64,
 ) -> (u64, Vec<String>) {
@@ -57,7 +56,8 @@ pub fn check(
         })
         .collect();
     let terms = log.terms();
-    let mut excess: BTreeMap<String, u64> = BTreeMap::new();
+    // (limit, key) -> admissions told to clients and missing from the log.
+    let mut excess: BTreeMap<(&str, &str), u64> = BTreeMap::new();
     let mut denied = Vec::new();
     for op in history
         .ops
@@ -73,7 +73,7 @@ pub fn check(
             )),
             None => {
                 *excess
-                    .entry(format!("{}:{}", op.policy, op.key))
+                    .entry((op.policy.as_str(), op.key.as_str()))
                     .or_default() += 1
             }
         }
@@ -83,8 +83,9 @@ pub fn check(
         "fast admissions that the log denied",
     ));
     let total = excess.values().sum();
-    for (key, n) in excess {
-        let shard = shard_of(&key, shards) as u64;
+    for ((policy, key), n) in excess {
+        let shard = shard_of(policy, key) as u64;
+        let key = format!("{policy}:{key}");
         let changes = terms.get(&shard).map_or(0, |t| t.len().saturating_sub(1)) as u64;
         let crashes = history.leader_crashes.get(&shard).copied().unwrap_or(0);
         let bound = allowance_of(&key) * (changes + crashes);

@@ -198,6 +198,7 @@ pub fn handles(
             let mut config = NodeConfig {
                 data_dir: Some(dir.0.join(format!("n{id}"))),
                 shards: opts.shards,
+                sharding: opts.sharding,
                 decision_log_sample: 0.0,
                 ..NodeConfig::default()
             };

@@ -38,7 +38,7 @@ pub mod workload;
 
 use crate::policy::Consistency;
 use crate::raft::NodeId;
-use crate::shard::route::shard_of;
+use crate::shard::route::{fnv1a, Sharding};
 use history::{AppliedLog, History, Outcome};
 use hosts::NodeHandle;
 use nemesis::Nemesis;
@@ -103,6 +103,8 @@ pub struct Options {
     pub duration: Duration,
     pub nodes: usize,
     pub shards: u32,
+    /// How the nodes spread keys over shards (`--sharding`).
+    pub sharding: Sharding,
     pub clients: usize,
     /// Each client knows every node (`Client::with_nodes`, its chosen node first) and fails
     /// over between them, instead of one client per node. Off by default, so that seeds
@@ -130,6 +132,7 @@ impl Default for Options {
             duration: Duration::from_secs(60),
             nodes: 3,
             shards: 4,
+            sharding: Sharding::Hash,
             clients: 6,
             failover_clients: false,
             keys: 300,
@@ -220,6 +223,9 @@ pub fn reproduce(opts: &Options) -> String {
     if opts.failover_clients {
         cmd += " --failover-clients";
     }
+    if opts.sharding != Sharding::Hash {
+        cmd += &format!(" --sharding {}", opts.sharding.name());
+    }
     if !opts.nemesis {
         cmd += " --no-nemesis";
     }
@@ -251,6 +257,14 @@ fn ns(d: Duration) -> u64 {
 
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+/// The shard of `key` under the named limit `policy` (whose key prefix is `policy:`), as
+/// the nodes place it.
+fn shard_of_key(opts: &Options, policy: &str, key: &str) -> u32 {
+    let prefix = fnv1a(format!("{policy}:").as_bytes());
+    opts.sharding
+        .shard(opts.sharding.route(prefix, key), opts.shards)
 }
 
 /// True when every node is up and sees the same leader for every shard.
@@ -553,7 +567,7 @@ fn run_checked(opts: &Options) -> Report {
         &history,
         &log,
         &decisions,
-        opts.shards,
+        |policy, key| shard_of_key(opts, policy, key),
         |k| consistency(k).is_some_and(|c| c.1 == Consistency::Fast),
         |k| consistency(k).map_or(0, |c| c.0),
     );
@@ -614,7 +628,7 @@ async fn probe(
     for shard in 0..opts.shards {
         let key = (0..)
             .map(|i| format!("probe-{i}"))
-            .find(|k| shard_of(&format!("tb_strict:{k}"), opts.shards) == shard)
+            .find(|k| shard_of_key(&opts, "tb_strict", k) == shard)
             .unwrap_or_default();
         let mut attempt = 0usize;
         while workload::now() < deadline {

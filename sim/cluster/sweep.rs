@@ -82,6 +82,7 @@ fn child(exe: &Path, opts: &Options, trace: Option<&Path>) -> Command {
     if opts.failover_clients {
         cmd.arg("--failover-clients");
     }
+    cmd.args(["--sharding", opts.sharding.name()]);
     if !opts.nemesis {
         cmd.arg("--no-nemesis");
     }

@@ -127,9 +127,11 @@ impl<C: Connector> Router<C> {
             let map = self.map.read().unwrap_or_else(|p| p.into_inner());
             let map = map.as_ref().filter(|m| m.shards > 0)?;
             let route = match key {
-                RouteKey::Named { limit, key } => {
-                    map.sharding.route(*map.prefixes.get(limit)?, key)
-                }
+                // Under slot sharding the key alone places it, whatever its limit.
+                RouteKey::Named { limit, key } => match map.sharding {
+                    Sharding::Slots => map.sharding.route(0, key),
+                    Sharding::Hash => map.sharding.route(*map.prefixes.get(limit)?, key),
+                },
                 RouteKey::Inline { limit, key } => inline_route(&limit, key, map.sharding),
             };
             let shard = map.sharding.shard(route, map.shards) as usize;

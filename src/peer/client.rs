@@ -366,7 +366,9 @@ async fn dial<C: Connector>(
     match tokio::time::timeout(cfg.handshake_timeout, shake).await {
         Ok(Ok(())) => Ok(stream),
         Ok(Err(e)) => Err(match e {
-            HandshakeError::Closed | HandshakeError::Version(_) => PeerError::Refused { peer },
+            HandshakeError::Closed
+            | HandshakeError::Version(_)
+            | HandshakeError::Sharding { .. } => PeerError::Refused { peer },
             HandshakeError::Io(e) => PeerError::Unreachable {
                 peer,
                 reason: format!("handshake with {addr}: {e}"),

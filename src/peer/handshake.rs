@@ -17,6 +17,10 @@ pub const MAGIC: [u8; 4] = *b"QRPR";
 /// The peer protocol version; both sides must speak the same one. 2: log entries carry
 /// their parts' shard times (`Batch::later`), which version 1 cannot decode.
 pub const VERSION: u16 = 2;
+/// Set in the version a member sends when its cluster places keys by hash slot (`sharding =
+/// "slots"`): members placing keys differently would decide one key in two groups, so they
+/// must not talk.
+pub const SLOTS_BIT: u16 = 0x4000;
 /// Bytes of a nonce and of a MAC.
 pub const NONCE: usize = 32;
 const MAC: usize = 32;
@@ -37,6 +41,14 @@ pub enum HandshakeError {
     BadMagic,
     #[error("the peer speaks protocol version {0}, this node {VERSION}")]
     Version(u16),
+    #[error(
+        "the peer places keys by {peer} sharding and this node by {this}: every member of a \
+         cluster needs the same --sharding (the one its data directory records)"
+    )]
+    Sharding {
+        peer: &'static str,
+        this: &'static str,
+    },
     #[error("the peer closed the connection during the handshake")]
     Closed,
     #[error("node id {0} may not connect here (it is this node's own id or not a member)")]
@@ -128,10 +140,38 @@ async fn read_hello<S: AsyncRead + Unpin>(
     Ok((version, id, nonce))
 }
 
-fn hello(id: NodeId, nonce: &[u8; NONCE]) -> Vec<u8> {
+/// The version this node sends and requires: [`VERSION`], marked with its sharding.
+fn wire_version(cfg: &PeerConfig) -> u16 {
+    if cfg.slot_sharding {
+        VERSION | SLOTS_BIT
+    } else {
+        VERSION
+    }
+}
+
+/// Refuses a peer whose version differs from this node's, saying whether the protocol or
+/// only the sharding differs.
+fn check_version(cfg: &PeerConfig, version: u16) -> Result<(), HandshakeError> {
+    let ours = wire_version(cfg);
+    if version == ours {
+        return Ok(());
+    }
+    let name = |v: u16| if v & SLOTS_BIT != 0 { "slots" } else { "hash" };
+    Err(if version & !SLOTS_BIT == VERSION {
+        HandshakeError::Sharding {
+            peer: name(version),
+            this: name(ours),
+        }
+    } else {
+        HandshakeError::Version(version)
+    })
+}
+
+fn hello(cfg: &PeerConfig, nonce: &[u8; NONCE]) -> Vec<u8> {
     let mut m = Vec::with_capacity(SERVER_HELLO);
     m.extend_from_slice(&MAGIC);
-    m.extend_from_slice(&VERSION.to_be_bytes());
+    m.extend_from_slice(&wire_version(cfg).to_be_bytes());
+    let id = cfg.node_id;
     m.extend_from_slice(&id.to_be_bytes());
     m.extend_from_slice(nonce);
     m
@@ -144,13 +184,11 @@ pub async fn client<S: AsyncRead + AsyncWrite + Unpin>(
     expected: NodeId,
     nonce_c: [u8; NONCE],
 ) -> Result<(), HandshakeError> {
-    s.write_all(&hello(cfg.node_id, &nonce_c)).await?;
+    s.write_all(&hello(cfg, &nonce_c)).await?;
     s.flush().await?;
     let mut their_mac = [0u8; MAC];
     let (version, server, nonce_s) = read_hello(s, &mut their_mac).await?;
-    if version != VERSION {
-        return Err(HandshakeError::Version(version));
-    }
+    check_version(cfg, version)?;
     if server != expected {
         return Err(HandshakeError::WrongPeer {
             expected,
@@ -185,13 +223,11 @@ pub async fn server<S: AsyncRead + AsyncWrite + Unpin>(
     nonce_s: [u8; NONCE],
 ) -> Result<NodeId, HandshakeError> {
     let (version, client, nonce_c) = read_hello(s, &mut []).await?;
-    if version != VERSION {
-        return Err(HandshakeError::Version(version));
-    }
+    check_version(cfg, version)?;
     if !cfg.accepts(client) {
         return Err(HandshakeError::IdRefused(client));
     }
-    let mut reply = hello(cfg.node_id, &nonce_s);
+    let mut reply = hello(cfg, &nonce_s);
     reply.extend_from_slice(&server_mac(
         &cfg.secret,
         &nonce_c,
@@ -264,6 +300,45 @@ mod tests {
     }
 
     #[tokio::test]
+    async fn members_that_place_keys_differently_refuse_each_other() {
+        let slots = |id| PeerConfig {
+            slot_sharding: true,
+            ..cfg(id, SECRET)
+        };
+        let (c, s) = run(slots(1), 2, slots(2)).await;
+        c.unwrap();
+        assert_eq!(s.unwrap(), 1);
+        // A slots member dialing a hash member: the server refuses, naming both.
+        let (c, s) = run(slots(1), 2, cfg(2, SECRET)).await;
+        let e = s.unwrap_err();
+        assert!(
+            matches!(
+                e,
+                HandshakeError::Sharding {
+                    peer: "slots",
+                    this: "hash"
+                }
+            ),
+            "{e:?}"
+        );
+        assert!(e.to_string().contains("--sharding"), "{e}");
+        assert!(matches!(c, Err(HandshakeError::Closed)), "{c:?}");
+        // And the other way round.
+        let (c, s) = run(cfg(1, SECRET), 2, slots(2)).await;
+        assert!(
+            matches!(
+                s,
+                Err(HandshakeError::Sharding {
+                    peer: "hash",
+                    this: "slots"
+                })
+            ),
+            "{s:?}"
+        );
+        assert!(matches!(c, Err(HandshakeError::Closed)), "{c:?}");
+    }
+
+    #[tokio::test]
     async fn a_server_that_is_not_the_node_dialed_is_rejected() {
         let (c, _) = run(cfg(1, SECRET), 3, cfg(2, SECRET)).await;
         assert!(
@@ -301,7 +376,9 @@ mod tests {
         let old = client_mac(SECRET, &[1; NONCE], &[2; NONCE], 1, 2);
         let (mut a, mut b) = tokio::io::duplex(4096);
         let attacker = async move {
-            a.write_all(&hello(1, &[1; NONCE])).await.unwrap();
+            a.write_all(&hello(&cfg(1, SECRET), &[1; NONCE]))
+                .await
+                .unwrap();
             let mut reply = [0u8; SERVER_HELLO];
             a.read_exact(&mut reply).await.unwrap();
             a.write_all(&old).await.unwrap();

@@ -106,6 +106,9 @@ pub struct PeerConfig {
     pub max_concurrent_requests: usize,
     /// Accepted connections (including ones still in the handshake); more are closed at once.
     pub max_connections: usize,
+    /// The cluster places keys by hash slot: sent in the handshake, and a peer that places
+    /// them otherwise is refused (see [`handshake::SLOTS_BIT`]).
+    pub slot_sharding: bool,
     /// Deadline for connecting (dialer side only).
     pub connect_timeout: Duration,
     /// Deadline for the whole handshake: an unauthenticated peer cannot hold a slot longer.
@@ -144,6 +147,7 @@ impl PeerConfig {
             max_in_flight: 4096,
             max_concurrent_requests: 1024,
             max_connections: 256,
+            slot_sharding: false,
             connect_timeout: Duration::from_secs(2),
             handshake_timeout: Duration::from_secs(2),
             handler_timeout: Duration::from_secs(5),
@@ -208,6 +212,7 @@ impl fmt::Debug for PeerConfig {
             .field("max_in_flight", &self.max_in_flight)
             .field("max_concurrent_requests", &self.max_concurrent_requests)
             .field("max_connections", &self.max_connections)
+            .field("slot_sharding", &self.slot_sharding)
             .field("connect_timeout", &self.connect_timeout)
             .field("handshake_timeout", &self.handshake_timeout)
             .field("handler_timeout", &self.handler_timeout)

@@ -238,22 +238,28 @@ pub struct Cluster {
     denials: DenialCache,
     /// This node's RESP address, once its server is bound.
     resp_addr: std::sync::OnceLock<std::net::SocketAddr>,
-    /// Other members' RESP addresses as they last gave them, and when (monotonic ns).
-    peer_resp: Mutex<std::collections::HashMap<NodeId, (std::net::SocketAddr, u64)>>,
+    /// Other members' RESP addresses as they last gave them (`None`: never), and when they
+    /// were last asked (monotonic ns), answered or not.
+    peer_resp: Mutex<std::collections::HashMap<NodeId, (Option<std::net::SocketAddr>, u64)>>,
+    /// Held while members are asked for their RESP addresses: one round at a time.
+    resp_asking: tokio::sync::Mutex<()>,
 }
 
 /// A member as a Redis Cluster client needs it (`CLUSTER NODES`, `CLUSTER SLOTS`).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ClientNode {
     pub id: NodeId,
-    /// Where it serves RESP clients, `host:port` (`None`: not known, it has not answered).
-    pub resp: Option<String>,
+    /// Where it serves RESP clients: host (an IP without brackets, or the host of its peer
+    /// address) and port (`None`: not known, it has not answered).
+    pub resp: Option<(String, u16)>,
     /// Its peer address's port (Redis's "cluster bus" port), 0 when not known.
     pub bus_port: u16,
 }
 
 /// How long a member's RESP address is used before it is asked again.
 const RESP_ADDR_TTL: u64 = 10 * crate::limiter::SECOND;
+/// Longest wait for a member's RESP address (a `CLUSTER` command waits for the answers).
+const RESP_ADDR_WAIT: Duration = Duration::from_millis(500);
 
 impl Cluster {
     /// Opens every group's state machine and log, starts its Raft node, and initialises the
@@ -346,6 +352,7 @@ impl Cluster {
             denials,
             resp_addr: std::sync::OnceLock::new(),
             peer_resp: Mutex::default(),
+            resp_asking: tokio::sync::Mutex::new(()),
         });
         for g in &cluster.groups {
             tokio::spawn(propose_loop(cluster.clone(), g.clone()));
@@ -368,8 +375,9 @@ impl Cluster {
     }
 
     /// Every member of any shard, with where it serves RESP clients: its own answer, asked
-    /// over the peer connection at most every 10 s (each ask bounded by the forward
-    /// timeout; a member that does not answer keeps its last known address). An address
+    /// over the peer connection at most every 10 s whether it answered or not (one round at
+    /// a time, the members at once, each ask bounded by 500 ms and the forward timeout; a
+    /// member that does not answer keeps its last known address). An address
     /// bound to all interfaces (`0.0.0.0`, `::`) is given with its peer address's host.
     pub async fn client_nodes(&self) -> Vec<ClientNode> {
         let mut members: BTreeMap<NodeId, String> = BTreeMap::new();
@@ -379,6 +387,7 @@ impl Cluster {
                 members.entry(*id).or_insert_with(|| node.addr.clone());
             }
         }
+        let _one_round = self.resp_asking.lock().await;
         let now = self.clock.monotonic();
         let stale: Vec<NodeId> = {
             let known = lock(&self.peer_resp);
@@ -398,7 +407,7 @@ impl Cluster {
                 &*self.transport,
                 id,
                 &PeerRequest::RespAddr,
-                self.config.forward_timeout,
+                self.config.forward_timeout.min(RESP_ADDR_WAIT),
             )
             .await;
             (id, answer)
@@ -406,10 +415,10 @@ impl Cluster {
         .await;
         let mut known = lock(&self.peer_resp);
         for (id, answer) in asked {
+            let entry = known.entry(id).or_insert((None, now));
+            entry.1 = now;
             match answer {
-                Ok(PeerResponse::RespAddr(Some(addr))) => {
-                    known.insert(id, (addr, now));
-                }
+                Ok(PeerResponse::RespAddr(Some(addr))) => entry.0 = Some(addr),
                 other => tracing::debug!(peer = id, answer = ?other.map(|_| ()), "no RESP address"),
             }
         }
@@ -419,17 +428,19 @@ impl Cluster {
                 let resp = if id == self.config.node_id {
                     self.resp_addr.get().copied()
                 } else {
-                    known.get(&id).map(|(a, _)| *a)
+                    known.get(&id).and_then(|(a, _)| *a)
                 };
                 let (host, port) = peer.rsplit_once(':').unwrap_or((peer.as_str(), "0"));
+                let host = host.trim_start_matches('[').trim_end_matches(']');
                 ClientNode {
                     id,
                     resp: resp.map(|a| {
-                        if a.ip().is_unspecified() {
-                            format!("{host}:{}", a.port())
+                        let ip = if a.ip().is_unspecified() {
+                            host.to_string()
                         } else {
-                            a.to_string()
-                        }
+                            a.ip().to_string()
+                        };
+                        (ip, a.port())
                     }),
                     bus_port: port.parse().unwrap_or(0),
                 }

@@ -1,6 +1,7 @@
 //! Shards: the owners of limiter state.
 //!
-//! Keys map to `S` shards by jump consistent hash ([`route`]). Each shard's state
+//! Keys map to `S` shards by jump consistent hash, or by Redis hash slot in a cluster created
+//! with slot sharding ([`route`]). Each shard's state
 //! ([`state::ShardState`]) is changed only by applying [`command::Batch`]es — plain data,
 //! serialisable with bincode 2, applied deterministically: the same values the Raft log will
 //! carry. On a node, one ractor actor per shard ([`actor`]) is the only writer of that state,

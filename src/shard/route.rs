@@ -38,12 +38,12 @@ pub fn jump(mut key: u64, buckets: u32) -> u32 {
     b as u32
 }
 
-/// The shard that owns `key`.
+/// The shard that owns storage key `key` under `hash` sharding.
 pub fn shard_of(key: &str, shards: u32) -> u32 {
     jump(fnv1a(key.as_bytes()), shards)
 }
 
-/// The shard that owns the key whose [`fnv1a`] is `hash`.
+/// The shard that owns the key whose [`fnv1a`] is `hash`, under `hash` sharding.
 pub fn shard_of_hash(hash: u64, shards: u32) -> u32 {
     jump(hash, shards)
 }

@@ -61,7 +61,7 @@ impl View {
                 me: 0,
                 nodes: vec![ClientNode {
                     id: 0,
-                    resp: service.resp_addr().map(|a| a.to_string()),
+                    resp: service.resp_addr().map(|a| (a.ip().to_string(), a.port())),
                     bus_port: 0,
                 }],
                 ranges: vec![(0, SLOTS - 1, 0)],
@@ -104,11 +104,15 @@ impl View {
             if n.resp.is_none() {
                 flags.push_str(",noaddr");
             }
+            // As Redis writes it: the bare IP (an IPv6 one too), a colon, the port.
+            let addr = match &n.resp {
+                Some((host, port)) => format!("{host}:{port}"),
+                None => ":0".into(),
+            };
             let _ = write!(
                 out,
-                "{} {}@{} {flags} - 0 0 0 {}",
+                "{} {addr}@{} {flags} - 0 0 0 {}",
                 name(n.id),
-                n.resp.as_deref().unwrap_or(":0"),
                 n.bus_port,
                 if n.resp.is_some() {
                     "connected"
@@ -135,15 +139,13 @@ impl View {
             self.ranges
                 .iter()
                 .filter_map(|&(start, end, leader)| {
-                    let resp = self.node(leader)?.resp.as_deref()?;
-                    let (host, port) = resp.rsplit_once(':')?;
-                    let host = host.trim_start_matches('[').trim_end_matches(']');
+                    let (host, port) = self.node(leader)?.resp.as_ref()?;
                     Some(Frame::Array(vec![
                         Frame::Integer(start as i64),
                         Frame::Integer(end as i64),
                         Frame::Array(vec![
-                            Frame::bulk(host.to_string()),
-                            Frame::Integer(port.parse().ok()?),
+                            Frame::bulk(host.clone()),
+                            Frame::Integer(*port as i64),
                             Frame::bulk(name(leader)),
                         ]),
                     ]))
@@ -179,16 +181,16 @@ mod tests {
     use super::*;
 
     fn view() -> View {
-        let node = |id, resp: Option<&str>| ClientNode {
+        let node = |id, resp: Option<(&str, u16)>| ClientNode {
             id,
-            resp: resp.map(str::to_owned),
+            resp: resp.map(|(h, p)| (h.to_owned(), p)),
             bus_port: 7100 + id as u16,
         };
         View {
             me: 2,
             nodes: vec![
-                node(1, Some("10.0.0.1:6380")),
-                node(2, Some("[::1]:6381")),
+                node(1, Some(("10.0.0.1", 6380))),
+                node(2, Some(("::1", 6381))),
                 node(3, None),
             ],
             ranges: vec![(0, 5461, 1), (5462, 10922, 2), (10923, 16383, 3)],
@@ -203,7 +205,7 @@ mod tests {
             lines,
             [
                 "0000000000000000000000000000000000000001 10.0.0.1:6380@7101 master - 0 0 0 connected 0-5461",
-                "0000000000000000000000000000000000000002 [::1]:6381@7102 myself,master - 0 0 0 connected 5462-10922",
+                "0000000000000000000000000000000000000002 ::1:6381@7102 myself,master - 0 0 0 connected 5462-10922",
                 "0000000000000000000000000000000000000003 :0@7103 master,noaddr - 0 0 0 disconnected 10923-16383",
             ]
         );
@@ -238,7 +240,7 @@ mod tests {
         };
         assert!(all.info().contains("cluster_slots_assigned:0\r\n"));
         let mut up = view();
-        up.nodes[2].resp = Some("10.0.0.3:6380".into());
+        up.nodes[2].resp = Some(("10.0.0.3".into(), 6380));
         assert!(up
             .info()
             .contains("cluster_state:ok\r\ncluster_slots_assigned:16384\r\n"));
