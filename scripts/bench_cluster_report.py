@@ -30,6 +30,7 @@ def med(system, pipe, i):
 
 syncs = {}  # (system, pipeline) -> [syncs, appends, decisions] summed over rounds
 moved = []  # (system, pipeline) of runs during which a Raft term changed (an election)
+forwarded = {}  # (system, pipeline) -> checks forwarded to another node's leader, all rounds
 rows_have_terms = False  # counters.csv from before the terms were counted has none
 if os.path.exists(P("counters.csv")):
     with open(P("counters.csv")) as f:
@@ -44,6 +45,9 @@ if os.path.exists(P("counters.csv")):
                 rows_have_terms = True
                 if before[4] != after[4]:
                     moved.append((r[0], r[1]))
+            if len(before) > 5:
+                key = (r[0], int(r[1]))
+                forwarded[key] = forwarded.get(key, 0) + after[5] - before[5]
             t = syncs.setdefault((r[0], int(r[1])), [0, 0, 0, 0])
             for i, delta in enumerate((s1 - s0, a1 - a0, d1 - d0, e1 - e0)):
                 t[i] += delta
@@ -194,6 +198,10 @@ for (system, pipe), (s, a, d, e) in sorted(syncs.items()):
         if e > 0:
             L.append(f"| {system} -P {pipe}: decisions per Raft entry (leaders' proposals) | "
                      f"{d / e:.2f} ({e:,} entries) |")
+for (system, pipe), f in sorted(forwarded.items()):
+    d = syncs.get((system, pipe), [0, 0, 0, 0])[2]
+    L.append(f"| {system} -P {pipe}: checks forwarded to another node's leader "
+             f"(`quorate_forwarded_checks_total`, all rounds) | {f:,} of {d:,} decisions |")
 for (system, pipe), (t, d) in sorted(cpu.items()):
     L.append(f"| {system} -P {pipe}: server CPU per decision (user + system, all its processes) | "
              f"{t * tick_us / d:.1f} us |")

@@ -113,8 +113,9 @@ stop_nodes() {
 }
 
 # counters HTTP_PORT...: sums over the given nodes: WAL syncs, WAL appends, decisions, Raft
-# entries proposed, and Raft terms (every shard's, as each node sees it: a change between two
-# readings means an election happened between them). The WAL and Raft gauges are refreshed
+# entries proposed, Raft terms (every shard's, as each node sees it: a change between two
+# readings means an election happened between them), and checks forwarded to another
+# node's leader. The WAL and Raft gauges are refreshed
 # once a second, hence the sleep before reading.
 counters() {
   sleep 1.2
@@ -124,7 +125,8 @@ counters() {
     /^quorate_decisions_total\{/ { d += $2 }
     /^quorate_raft_entries_proposed\{/ { e += $2 }
     /^quorate_raft_term\{/ { t += $2 }
-    END { printf "%d %d %d %d %d\n", s, a, d, e, t }'
+    /^quorate_forwarded_checks_total / { f += $2 }
+    END { printf "%d %d %d %d %d %d\n", s, a, d, e, t, f }'
 }
 
 # CPU time (user + system, clock ticks) the given processes have used, threads included.

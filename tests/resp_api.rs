@@ -437,9 +437,46 @@ async fn connection_commands_answer_as_redis_does() {
     )
     .await;
     c.roundtrip(&cmd("CONFIG GET maxmemory"), "*0\r\n").await;
-    c.roundtrip(&cmd("COMMAND"), "*0\r\n").await;
+    // COMMAND lists each command with its key positions (Redis Cluster clients route by
+    // them); COMMAND GETKEYS gives a command's keys.
+    c.send(cmd("COMMAND").as_bytes()).await;
+    let table = array(c.frame().await);
+    assert!(
+        table.contains(&Frame::Array(vec![
+            Frame::bulk("cl.throttle"),
+            Frame::Integer(-5),
+            Frame::Array(vec![Frame::simple("write")]),
+            Frame::Integer(1),
+            Frame::Integer(1),
+            Frame::Integer(1),
+        ])),
+        "{table:?}"
+    );
     c.roundtrip(&cmd("COMMAND DOCS"), "*0\r\n").await;
-    c.roundtrip(&cmd("COMMAND COUNT"), ":0\r\n").await;
+    c.roundtrip(&cmd("COMMAND COUNT"), &format!(":{}\r\n", table.len()))
+        .await;
+    c.send(cmd("COMMAND INFO qr.peek nosuch").as_bytes()).await;
+    let info = array(c.frame().await);
+    assert_eq!(info[1], Frame::Null);
+    assert_eq!(
+        array(info[0].clone())[3..],
+        [Frame::Integer(2), Frame::Integer(2), Frame::Integer(1)]
+    );
+    c.roundtrip(
+        &cmd("COMMAND GETKEYS QR.CHECK ID r1 login alice 1 login_ip 10.0.0.1 1"),
+        "*2\r\n$5\r\nalice\r\n$8\r\n10.0.0.1\r\n",
+    )
+    .await;
+    c.roundtrip(
+        &cmd("COMMAND GETKEYS CL.THROTTLE k 15 30 60"),
+        "*1\r\n$1\r\nk\r\n",
+    )
+    .await;
+    c.roundtrip(
+        &cmd("COMMAND GETKEYS PING"),
+        "-ERR The command has no key arguments\r\n",
+    )
+    .await;
     c.roundtrip(
         &cmd("HELLO 3"),
         "-NOPROTO this server speaks RESP2 only\r\n",

@@ -40,10 +40,18 @@ pub enum Command {
     Client,
     /// `HELLO [2]`.
     Hello,
-    /// `COMMAND`, `COMMAND DOCS|INFO|LIST`: an empty array.
+    /// `COMMAND DOCS [name ...]`: an empty array.
     CommandList,
-    /// `COMMAND COUNT`: 0.
+    /// `COMMAND`, `COMMAND INFO [name ...]` (all when none is named), `COMMAND LIST`: each
+    /// command's name, arity, flags and key positions, as Redis Cluster clients read them to
+    /// find a command's keys (see [`super::info::command_table`]).
+    CommandInfo(Vec<Bytes>),
+    /// `COMMAND LIST`: the commands' names.
+    CommandNames,
+    /// `COMMAND COUNT`: how many commands `COMMAND` lists.
     CommandCount,
+    /// `COMMAND GETKEYS command [arg ...]`: the keys of that command.
+    CommandGetKeys(Vec<Bytes>),
     /// `CONFIG GET param [param ...]`.
     ConfigGet(Vec<Bytes>),
     /// `INFO [section ...]`.
@@ -402,16 +410,22 @@ fn hello(rest: &[&[u8]]) -> Result<Command, CommandError> {
 }
 
 fn command(rest: &[&[u8]]) -> Result<Command, CommandError> {
-    let Some(sub) = rest.first() else {
-        return Ok(Command::CommandList);
+    let Some((sub, args)) = rest.split_first() else {
+        return Ok(Command::CommandInfo(Vec::new()));
     };
     if sub.eq_ignore_ascii_case(b"COUNT") {
         Ok(Command::CommandCount)
-    } else if [&b"DOCS"[..], b"INFO", b"LIST"]
-        .iter()
-        .any(|s| sub.eq_ignore_ascii_case(s))
-    {
+    } else if sub.eq_ignore_ascii_case(b"DOCS") {
         Ok(Command::CommandList)
+    } else if sub.eq_ignore_ascii_case(b"INFO") {
+        Ok(Command::CommandInfo(owned(args)))
+    } else if sub.eq_ignore_ascii_case(b"LIST") {
+        Ok(Command::CommandNames)
+    } else if sub.eq_ignore_ascii_case(b"GETKEYS") {
+        if args.is_empty() {
+            return Err(CommandError::Arity("command|getkeys"));
+        }
+        Ok(Command::CommandGetKeys(owned(args)))
     } else {
         Err(CommandError::Invalid(format!(
             "unknown subcommand '{}'. Try COMMAND HELP.",
@@ -601,8 +615,18 @@ mod tests {
             CommandError::NoProto.to_frame(),
             Frame::Error("NOPROTO this server speaks RESP2 only".into())
         );
-        assert_eq!(p("COMMAND"), Ok(Command::CommandList));
+        assert_eq!(p("COMMAND"), Ok(Command::CommandInfo(vec![])));
         assert_eq!(p("command docs"), Ok(Command::CommandList));
+        assert_eq!(
+            p("COMMAND INFO cl.throttle"),
+            Ok(Command::CommandInfo(vec![Bytes::from_static(
+                b"cl.throttle"
+            )]))
+        );
+        assert_eq!(
+            p("COMMAND GETKEYS"),
+            Err(CommandError::Arity("command|getkeys"))
+        );
         assert_eq!(p("COMMAND COUNT"), Ok(Command::CommandCount));
         assert_eq!(
             p("CONFIG GET save"),

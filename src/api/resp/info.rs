@@ -91,6 +91,171 @@ pub fn info(service: &Service, sections: &[Bytes]) -> Frame {
     Frame::bulk(parts.join("\r\n"))
 }
 
+/// One command as `COMMAND` describes it: name, arity (negative: at least that many
+/// arguments, the name included), flags, and the first key's position, the last's (negative:
+/// from the end) and the step between keys; 0, 0, 0 for a command without keys.
+pub struct CommandSpec {
+    pub name: &'static str,
+    pub arity: i64,
+    pub flags: &'static [&'static str],
+    pub keys: (i64, i64, i64),
+}
+
+/// Every command quorate answers, for `COMMAND`: Redis Cluster clients (redis-py's
+/// `RedisCluster`, go-redis) look a command up here to find the key they route it by.
+/// `QR.CHECK`'s keys move (an optional `ID request-id` first, then limit, key, cost
+/// triples): `movablekeys`, with the plain form's positions (2, then every third) for
+/// clients that read only those, and `COMMAND GETKEYS` for the exact ones.
+pub const COMMANDS: &[CommandSpec] = &[
+    CommandSpec {
+        name: "cl.throttle",
+        arity: -5,
+        flags: &["write"],
+        keys: (1, 1, 1),
+    },
+    CommandSpec {
+        name: "qr.check",
+        arity: -4,
+        flags: &["write", "movablekeys"],
+        keys: (2, -2, 3),
+    },
+    CommandSpec {
+        name: "qr.peek",
+        arity: 3,
+        flags: &["readonly"],
+        keys: (2, 2, 1),
+    },
+    CommandSpec {
+        name: "qr.routes",
+        arity: 1,
+        flags: &["readonly"],
+        keys: (0, 0, 0),
+    },
+    CommandSpec {
+        name: "cluster",
+        arity: -2,
+        flags: &["readonly"],
+        keys: (0, 0, 0),
+    },
+    CommandSpec {
+        name: "ping",
+        arity: -1,
+        flags: &["fast"],
+        keys: (0, 0, 0),
+    },
+    CommandSpec {
+        name: "echo",
+        arity: 2,
+        flags: &["fast"],
+        keys: (0, 0, 0),
+    },
+    CommandSpec {
+        name: "quit",
+        arity: -1,
+        flags: &["fast"],
+        keys: (0, 0, 0),
+    },
+    CommandSpec {
+        name: "select",
+        arity: 2,
+        flags: &["fast"],
+        keys: (0, 0, 0),
+    },
+    CommandSpec {
+        name: "client",
+        arity: -2,
+        flags: &[],
+        keys: (0, 0, 0),
+    },
+    CommandSpec {
+        name: "hello",
+        arity: -1,
+        flags: &["fast"],
+        keys: (0, 0, 0),
+    },
+    CommandSpec {
+        name: "command",
+        arity: -1,
+        flags: &[],
+        keys: (0, 0, 0),
+    },
+    CommandSpec {
+        name: "config",
+        arity: -2,
+        flags: &[],
+        keys: (0, 0, 0),
+    },
+    CommandSpec {
+        name: "info",
+        arity: -1,
+        flags: &[],
+        keys: (0, 0, 0),
+    },
+    CommandSpec {
+        name: "readonly",
+        arity: 1,
+        flags: &["fast"],
+        keys: (0, 0, 0),
+    },
+    CommandSpec {
+        name: "readwrite",
+        arity: 1,
+        flags: &["fast"],
+        keys: (0, 0, 0),
+    },
+];
+
+fn command_entry(c: &CommandSpec) -> Frame {
+    Frame::Array(vec![
+        Frame::bulk(c.name),
+        Frame::Integer(c.arity),
+        Frame::Array(c.flags.iter().map(|f| Frame::simple(f)).collect()),
+        Frame::Integer(c.keys.0),
+        Frame::Integer(c.keys.1),
+        Frame::Integer(c.keys.2),
+    ])
+}
+
+/// `COMMAND` (`names` empty: every command) and `COMMAND INFO name ...` (nil for a name
+/// quorate does not know).
+pub fn command_info(names: &[Bytes]) -> Frame {
+    if names.is_empty() {
+        return Frame::Array(COMMANDS.iter().map(command_entry).collect());
+    }
+    Frame::Array(
+        names
+            .iter()
+            .map(|n| {
+                COMMANDS
+                    .iter()
+                    .find(|c| c.name.as_bytes().eq_ignore_ascii_case(n))
+                    .map_or(Frame::Null, command_entry)
+            })
+            .collect(),
+    )
+}
+
+/// `COMMAND LIST`.
+pub fn command_names() -> Frame {
+    Frame::Array(COMMANDS.iter().map(|c| Frame::bulk(c.name)).collect())
+}
+
+/// `COMMAND GETKEYS command [arg ...]`: the keys the command would check, in order.
+pub fn command_getkeys(args: &[Bytes]) -> Frame {
+    let args: Vec<&[u8]> = args.iter().map(|a| a.as_ref()).collect();
+    match super::command::parse(&args) {
+        Ok(super::command::Command::Check { request, .. }) => Frame::Array(
+            request
+                .items
+                .into_iter()
+                .map(|i| Frame::bulk(i.key))
+                .collect(),
+        ),
+        Ok(_) => Frame::err("The command has no key arguments"),
+        Err(_) => Frame::err("Invalid arguments specified for command"),
+    }
+}
+
 /// `QR.ROUTES`: where keys live, so that a client can send each key to its shard's leader
 /// and save the hop through a node that would forward it. An array of four (five under
 /// `slots` sharding):
