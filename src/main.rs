@@ -298,12 +298,13 @@ struct BoundaryArgs {
     output: OutputArgs,
 }
 
-/// `60`, `1.5` (seconds, exact) or a humantime duration such as `10m`, to nanoseconds.
+/// `hash` or `slots`.
 fn parse_sharding(text: &str) -> Result<quorate::shard::route::Sharding, String> {
     quorate::shard::route::Sharding::parse(text.trim())
         .ok_or_else(|| format!("\"{text}\" is neither \"hash\" nor \"slots\""))
 }
 
+/// `60`, `1.5` (seconds, exact) or a humantime duration such as `10m`, to nanoseconds.
 fn parse_duration(text: &str) -> Result<u64, String> {
     match sim::trace::parse_seconds(text.trim()) {
         Ok(ns) => Ok(ns),

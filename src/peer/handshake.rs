@@ -73,10 +73,12 @@ impl From<io::Error> for HandshakeError {
 
 type HmacSha256 = Hmac<Sha256>;
 
-/// HMAC(secret, label | version | first | second | client | server).
+/// HMAC(secret, label | version | first | second | client | server); `version` as sent,
+/// its sharding mark included, so the mark cannot be rewritten on the way.
 fn keyed(
     secret: &[u8],
     label: &[u8],
+    version: u16,
     first: &[u8; NONCE],
     second: &[u8; NONCE],
     client: NodeId,
@@ -84,7 +86,7 @@ fn keyed(
 ) -> HmacSha256 {
     let mut m = HmacSha256::new_from_slice(secret).expect("HMAC takes keys of any length");
     m.update(label);
-    m.update(&VERSION.to_be_bytes());
+    m.update(&version.to_be_bytes());
     m.update(first);
     m.update(second);
     m.update(&client.to_be_bytes());
@@ -92,32 +94,50 @@ fn keyed(
     m
 }
 
-/// The server's proof.
+/// The server's proof (`version`: the version both sides sent).
 pub fn server_mac(
     secret: &[u8],
+    version: u16,
     nonce_c: &[u8; NONCE],
     nonce_s: &[u8; NONCE],
     client: NodeId,
     server: NodeId,
 ) -> [u8; MAC] {
-    keyed(secret, SERVER_LABEL, nonce_c, nonce_s, client, server)
-        .finalize()
-        .into_bytes()
-        .into()
+    keyed(
+        secret,
+        SERVER_LABEL,
+        version,
+        nonce_c,
+        nonce_s,
+        client,
+        server,
+    )
+    .finalize()
+    .into_bytes()
+    .into()
 }
 
-/// The client's proof.
+/// The client's proof (`version`: the version both sides sent).
 pub fn client_mac(
     secret: &[u8],
+    version: u16,
     nonce_c: &[u8; NONCE],
     nonce_s: &[u8; NONCE],
     client: NodeId,
     server: NodeId,
 ) -> [u8; MAC] {
-    keyed(secret, CLIENT_LABEL, nonce_s, nonce_c, client, server)
-        .finalize()
-        .into_bytes()
-        .into()
+    keyed(
+        secret,
+        CLIENT_LABEL,
+        version,
+        nonce_s,
+        nonce_c,
+        client,
+        server,
+    )
+    .finalize()
+    .into_bytes()
+    .into()
 }
 
 /// Reads a hello: the magic alone first (a stranger is turned away after four bytes), then the
@@ -163,7 +183,7 @@ fn check_version(cfg: &PeerConfig, version: u16) -> Result<(), HandshakeError> {
             this: name(ours),
         }
     } else {
-        HandshakeError::Version(version)
+        HandshakeError::Version(version & !SLOTS_BIT)
     })
 }
 
@@ -198,6 +218,7 @@ pub async fn client<S: AsyncRead + AsyncWrite + Unpin>(
     keyed(
         &cfg.secret,
         SERVER_LABEL,
+        version,
         &nonce_c,
         &nonce_s,
         cfg.node_id,
@@ -205,7 +226,14 @@ pub async fn client<S: AsyncRead + AsyncWrite + Unpin>(
     )
     .verify_slice(&their_mac)
     .map_err(|_| HandshakeError::BadMac)?;
-    let proof = client_mac(&cfg.secret, &nonce_c, &nonce_s, cfg.node_id, server);
+    let proof = client_mac(
+        &cfg.secret,
+        version,
+        &nonce_c,
+        &nonce_s,
+        cfg.node_id,
+        server,
+    );
     s.write_all(&proof).await?;
     s.flush().await?;
     let mut ack = [0u8; 1];
@@ -230,6 +258,7 @@ pub async fn server<S: AsyncRead + AsyncWrite + Unpin>(
     let mut reply = hello(cfg, &nonce_s);
     reply.extend_from_slice(&server_mac(
         &cfg.secret,
+        version,
         &nonce_c,
         &nonce_s,
         client,
@@ -243,6 +272,7 @@ pub async fn server<S: AsyncRead + AsyncWrite + Unpin>(
     keyed(
         &cfg.secret,
         CLIENT_LABEL,
+        version,
         &nonce_s,
         &nonce_c,
         client,
@@ -373,7 +403,7 @@ mod tests {
         // The client's proof is bound to the server's nonce: replaying it with a new nonce
         // fails.
         let s_cfg = cfg(2, SECRET);
-        let old = client_mac(SECRET, &[1; NONCE], &[2; NONCE], 1, 2);
+        let old = client_mac(SECRET, VERSION, &[1; NONCE], &[2; NONCE], 1, 2);
         let (mut a, mut b) = tokio::io::duplex(4096);
         let attacker = async move {
             a.write_all(&hello(&cfg(1, SECRET), &[1; NONCE]))

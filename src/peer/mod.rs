@@ -267,8 +267,9 @@ pub enum PeerError {
     )]
     Auth { peer: NodeId, reason: String },
     #[error(
-        "node {peer} closed the handshake: check that it uses the same cluster secret and \
-         protocol version, and that this node's id is in its member list"
+        "node {peer} closed the handshake: check that it uses the same cluster secret, \
+         protocol version and --sharding, and that this node's id is in its member list (its \
+         log says which)"
     )]
     Refused { peer: NodeId },
     #[error("a body of {len} bytes for node {peer} exceeds max_frame ({max} bytes)")]

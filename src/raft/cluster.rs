@@ -239,7 +239,7 @@ pub struct Cluster {
     /// This node's RESP address, once its server is bound.
     resp_addr: std::sync::OnceLock<std::net::SocketAddr>,
     /// Other members' RESP addresses as they last gave them (`None`: never), and when they
-    /// were last asked (monotonic ns), answered or not.
+    /// are to be asked again (monotonic ns).
     peer_resp: Mutex<std::collections::HashMap<NodeId, (Option<std::net::SocketAddr>, u64)>>,
     /// Held while members are asked for their RESP addresses: one round at a time.
     resp_asking: tokio::sync::Mutex<()>,
@@ -258,6 +258,8 @@ pub struct ClientNode {
 
 /// How long a member's RESP address is used before it is asked again.
 const RESP_ADDR_TTL: u64 = 10 * crate::limiter::SECOND;
+/// How long an ask that got no address waits before the member is asked again.
+const RESP_ADDR_RETRY: u64 = crate::limiter::SECOND;
 /// Longest wait for a member's RESP address (a `CLUSTER` command waits for the answers).
 const RESP_ADDR_WAIT: Duration = Duration::from_millis(500);
 
@@ -375,9 +377,9 @@ impl Cluster {
     }
 
     /// Every member of any shard, with where it serves RESP clients: its own answer, asked
-    /// over the peer connection at most every 10 s whether it answered or not (one round at
-    /// a time, the members at once, each ask bounded by 500 ms and the forward timeout; a
-    /// member that does not answer keeps its last known address). An address
+    /// over the peer connection at most every 10 s (1 s after an ask that got no address; one
+    /// round at a time, the members at once, each ask bounded by 500 ms and the forward
+    /// timeout; a member that does not answer keeps its last known address). An address
     /// bound to all interfaces (`0.0.0.0`, `::`) is given with its peer address's host.
     pub async fn client_nodes(&self) -> Vec<ClientNode> {
         let mut members: BTreeMap<NodeId, String> = BTreeMap::new();
@@ -394,11 +396,7 @@ impl Cluster {
             members
                 .keys()
                 .filter(|id| **id != self.config.node_id)
-                .filter(|id| {
-                    known
-                        .get(id)
-                        .is_none_or(|(_, at)| now.saturating_sub(*at) >= RESP_ADDR_TTL)
-                })
+                .filter(|id| known.get(id).is_none_or(|(_, next)| now >= *next))
                 .copied()
                 .collect()
         };
@@ -414,12 +412,20 @@ impl Cluster {
         }))
         .await;
         let mut known = lock(&self.peer_resp);
+        known.retain(|id, _| members.contains_key(id));
         for (id, answer) in asked {
             let entry = known.entry(id).or_insert((None, now));
-            entry.1 = now;
             match answer {
-                Ok(PeerResponse::RespAddr(Some(addr))) => entry.0 = Some(addr),
-                other => tracing::debug!(peer = id, answer = ?other.map(|_| ()), "no RESP address"),
+                Ok(PeerResponse::RespAddr(Some(addr))) => {
+                    *entry = (Some(addr), now.saturating_add(RESP_ADDR_TTL))
+                }
+                other => {
+                    // Asked again after RESP_ADDR_RETRY, not the whole TTL: a member whose
+                    // server was not bound yet, or that was briefly away, gets its slots back
+                    // soon.
+                    entry.1 = now.saturating_add(RESP_ADDR_RETRY);
+                    tracing::debug!(peer = id, answer = ?other.map(|_| ()), "no RESP address")
+                }
             }
         }
         members

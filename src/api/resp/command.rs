@@ -14,7 +14,7 @@
 //!   created with `sharding = "slots"` (see [`super::cluster`]).
 //!
 //! And what redis-cli, redis-benchmark and client libraries send on connecting: `PING`,
-//! `ECHO`, `QUIT`, `SELECT 0`, `CLIENT ...`, `HELLO [2]`, `COMMAND [DOCS|COUNT]`, `READONLY`, `READWRITE`,
+//! `ECHO`, `QUIT`, `SELECT 0`, `CLIENT ...`, `HELLO [2]`, `COMMAND [INFO|DOCS|LIST|COUNT|GETKEYS]`, `READONLY`, `READWRITE`,
 //! `CONFIG GET`, `INFO`.
 
 use super::frame::{parse_int, Frame};
@@ -42,9 +42,9 @@ pub enum Command {
     Hello,
     /// `COMMAND DOCS [name ...]`: an empty array.
     CommandList,
-    /// `COMMAND`, `COMMAND INFO [name ...]` (all when none is named), `COMMAND LIST`: each
-    /// command's name, arity, flags and key positions, as Redis Cluster clients read them to
-    /// find a command's keys (see [`super::info::command_table`]).
+    /// `COMMAND`, `COMMAND INFO [name ...]` (all when none is named): each command's name,
+    /// arity, flags and key positions, as Redis Cluster clients read them to find a
+    /// command's keys (see [`super::info::COMMANDS`]).
     CommandInfo(Vec<Bytes>),
     /// `COMMAND LIST`: the commands' names.
     CommandNames,
