@@ -478,8 +478,8 @@ async fn connection_commands_answer_as_redis_does() {
     )
     .await;
     c.roundtrip(
-        &cmd("HELLO 3"),
-        "-NOPROTO this server speaks RESP2 only\r\n",
+        &cmd("HELLO 4"),
+        "-NOPROTO unsupported protocol version (quorate speaks 2 and 3)\r\n",
     )
     .await;
     c.send(cmd("HELLO 2").as_bytes()).await;
@@ -497,6 +497,66 @@ async fn connection_commands_answer_as_redis_does() {
     );
     c.roundtrip(&cmd("QUIT"), "+OK\r\n").await;
     c.expect_closed().await;
+}
+
+/// redis-py 8 sends `HELLO 3` on connecting and refuses a server that answers it with an
+/// error; after it, nulls are `_` and maps `%`, and check replies are the same bytes.
+#[tokio::test]
+async fn hello_3_switches_the_connection_to_resp3_and_hello_2_back() {
+    let node = Node::start(|_| {}).await;
+    let mut c = node.connect().await;
+    let config_resp2 = "*2\r\n$4\r\nsave\r\n$0\r\n\r\n";
+    let config_resp3 = "%1\r\n$4\r\nsave\r\n$0\r\n\r\n";
+    // Before: RESP2.
+    c.roundtrip(&cmd("CONFIG GET save"), config_resp2).await;
+    c.roundtrip(&cmd("COMMAND INFO nosuch"), "*1\r\n$-1\r\n")
+        .await;
+    // The HELLO 3 reply is already RESP3: a map naming protocol 3.
+    c.send(cmd("HELLO 3").as_bytes()).await;
+    let Frame::Map(hello) = c.frame().await else {
+        panic!("HELLO 3 answers a map")
+    };
+    assert!(
+        hello.contains(&(Frame::bulk("proto"), Frame::Integer(3))),
+        "{hello:?}"
+    );
+    assert!(hello.contains(&(Frame::bulk("server"), Frame::bulk("quorate"))));
+    c.roundtrip(&cmd("CONFIG GET save"), config_resp3).await;
+    c.roundtrip(&cmd("COMMAND INFO nosuch"), "*1\r\n_\r\n")
+        .await;
+    c.roundtrip(&cmd("COMMAND DOCS"), "%0\r\n").await;
+    // A check answers the same bytes as in RESP2.
+    c.roundtrip(
+        &cmd("CL.THROTTLE resp3 15 30 60 1"),
+        "*5\r\n:0\r\n:16\r\n:15\r\n:-1\r\n:2\r\n",
+    )
+    .await;
+    // HELLO without a version, and a refused one, leave the protocol as it is.
+    c.send(cmd("HELLO").as_bytes()).await;
+    let Frame::Map(hello) = c.frame().await else {
+        panic!("HELLO answers a map in RESP3")
+    };
+    assert!(hello.contains(&(Frame::bulk("proto"), Frame::Integer(3))));
+    c.send(cmd("HELLO 4").as_bytes()).await;
+    assert!(matches!(c.frame().await, Frame::Error(e) if e.starts_with("NOPROTO")));
+    c.roundtrip(&cmd("CONFIG GET save"), config_resp3).await;
+    // In one pipelined batch, each reply is in the protocol in force at its request.
+    let batch = [
+        cmd("CONFIG GET save"),
+        cmd("HELLO 2"),
+        cmd("CONFIG GET save"),
+    ]
+    .concat();
+    c.send(batch.as_bytes()).await;
+    assert_eq!(
+        c.frame().await,
+        Frame::Map(vec![(Frame::bulk("save"), Frame::bulk(""))])
+    );
+    let hello = array(c.frame().await);
+    assert_eq!(&hello[4..6], &[Frame::bulk("proto"), Frame::Integer(2)]);
+    c.expect(config_resp2.as_bytes()).await;
+    c.roundtrip(&cmd("COMMAND INFO nosuch"), "*1\r\n$-1\r\n")
+        .await;
 }
 
 #[tokio::test]

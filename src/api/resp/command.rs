@@ -14,10 +14,11 @@
 //!   created with `sharding = "slots"` (see [`super::cluster`]).
 //!
 //! And what redis-cli, redis-benchmark and client libraries send on connecting: `PING`,
-//! `ECHO`, `QUIT`, `SELECT 0`, `CLIENT ...`, `HELLO [2]`, `COMMAND [INFO|DOCS|LIST|COUNT|GETKEYS]`, `READONLY`, `READWRITE`,
-//! `CONFIG GET`, `INFO`.
+//! `ECHO`, `QUIT`, `SELECT 0`, `CLIENT ...`, `HELLO [2|3]` (3 switches the connection to
+//! RESP3), `COMMAND [INFO|DOCS|LIST|COUNT|GETKEYS]`, `READONLY`, `READWRITE`, `CONFIG GET`,
+//! `INFO`.
 
-use super::frame::{parse_int, Frame};
+use super::frame::{parse_int, Frame, Protocol};
 use crate::limiter::{Algorithm, MAX_PERIOD, SECOND};
 use crate::service::{CheckItem, CheckRequest, InlineLimit, LimitRef};
 use bytes::Bytes;
@@ -38,8 +39,8 @@ pub enum Command {
     Select,
     /// `CLIENT ...`, `READONLY`, `READWRITE`: accepted and ignored (`+OK`).
     Client,
-    /// `HELLO [2]`.
-    Hello,
+    /// `HELLO [2|3]`: the protocol to switch to (`None`: stay, and say which).
+    Hello(Option<Protocol>),
     /// `COMMAND DOCS [name ...]`: an empty array.
     CommandList,
     /// `COMMAND`, `COMMAND INFO [name ...]` (all when none is named): each command's name,
@@ -91,7 +92,7 @@ pub enum CommandError {
     Arity(&'static str),
     /// A bad argument; the message names it.
     Invalid(String),
-    /// `HELLO` asked for a protocol other than RESP2.
+    /// `HELLO` asked for a protocol other than RESP2 and RESP3.
     NoProto,
 }
 
@@ -103,7 +104,9 @@ impl CommandError {
             CommandError::Arity(name) => {
                 format!("ERR wrong number of arguments for '{name}' command")
             }
-            CommandError::NoProto => "NOPROTO this server speaks RESP2 only".into(),
+            CommandError::NoProto => {
+                "NOPROTO unsupported protocol version (quorate speaks 2 and 3)".into()
+            }
         }
     }
 
@@ -397,11 +400,13 @@ fn select(rest: &[&[u8]]) -> Result<Command, CommandError> {
     }
 }
 
-/// `HELLO [protover [AUTH user pass] [SETNAME name]]`: only protocol 2; the options are
+/// `HELLO [protover [AUTH user pass] [SETNAME name]]`: protocol 2 or 3; the options are
 /// accepted and ignored (quorate has no users or client names).
 fn hello(rest: &[&[u8]]) -> Result<Command, CommandError> {
     match rest.first().map(|v| parse_int(v)) {
-        None | Some(Some(2)) => Ok(Command::Hello),
+        None => Ok(Command::Hello(None)),
+        Some(Some(2)) => Ok(Command::Hello(Some(Protocol::Resp2))),
+        Some(Some(3)) => Ok(Command::Hello(Some(Protocol::Resp3))),
         Some(Some(_)) => Err(CommandError::NoProto),
         Some(None) => Err(CommandError::Invalid(
             "Protocol version is not an integer or out of range".into(),
@@ -608,12 +613,21 @@ mod tests {
         assert_eq!(p("SELECT 0"), Ok(Command::Select));
         assert!(matches!(p("SELECT 1"), Err(CommandError::Invalid(_))));
         assert_eq!(p("CLIENT SETNAME x"), Ok(Command::Client));
-        assert_eq!(p("HELLO"), Ok(Command::Hello));
-        assert_eq!(p("HELLO 2 SETNAME x"), Ok(Command::Hello));
-        assert_eq!(p("HELLO 3"), Err(CommandError::NoProto));
+        assert_eq!(p("HELLO"), Ok(Command::Hello(None)));
+        assert_eq!(
+            p("HELLO 2 SETNAME x"),
+            Ok(Command::Hello(Some(Protocol::Resp2)))
+        );
+        assert_eq!(
+            p("hello 3 AUTH default pw"),
+            Ok(Command::Hello(Some(Protocol::Resp3)))
+        );
+        assert_eq!(p("HELLO 4"), Err(CommandError::NoProto));
+        assert_eq!(p("HELLO 1"), Err(CommandError::NoProto));
+        assert!(matches!(p("HELLO three"), Err(CommandError::Invalid(_))));
         assert_eq!(
             CommandError::NoProto.to_frame(),
-            Frame::Error("NOPROTO this server speaks RESP2 only".into())
+            Frame::Error("NOPROTO unsupported protocol version (quorate speaks 2 and 3)".into())
         );
         assert_eq!(p("COMMAND"), Ok(Command::CommandInfo(vec![])));
         assert_eq!(p("command docs"), Ok(Command::CommandList));

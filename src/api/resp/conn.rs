@@ -8,7 +8,7 @@
 //! answering and closes instead of reading more.
 
 use super::exec;
-use super::frame::{take_batch, Batch, Limits, ProtocolError};
+use super::frame::{take_batch, Batch, Limits, Protocol, ProtocolError};
 use crate::clock::LazyTimer;
 use crate::net::Stream;
 use crate::service::Service;
@@ -67,6 +67,8 @@ pub async fn handle<S: Stream>(
     let (stopping, stop) = shutdown.split();
     let mut stop = std::pin::pin!(stop);
     let mut buf = BytesMut::new();
+    // RESP2 until the client sends `HELLO 3`.
+    let mut proto = Protocol::default();
     // When the last read completed (the clock reading its idle restart took), if no batch
     // has used it yet: requests it completed arrived then.
     let mut arrived = None;
@@ -84,6 +86,7 @@ pub async fn handle<S: Stream>(
                 requests,
                 error,
                 peer,
+                &mut proto,
                 &mut latency,
                 &mut calls,
                 started,
@@ -118,6 +121,7 @@ pub async fn handle<S: Stream>(
                 Batch::default(),
                 Some(e),
                 peer,
+                &mut proto,
                 &mut latency,
                 &mut calls,
                 service.clock().monotonic(),

@@ -1,4 +1,5 @@
-//! Reading RESP2 replies: what the client (and the tests) need to understand a server.
+//! Reading RESP2 replies, and the RESP3 null and map quorate sends after `HELLO 3`: what the
+//! client (and the tests) need to understand a server.
 //!
 //! The same distrust as the request parser: declared lengths are checked against [`Limits`]
 //! before their data is awaited, nothing is reserved from them, arrays nest at most
@@ -47,6 +48,8 @@ fn scan(
         }
         b'$' => bulk(buf, text, next, limits),
         b'*' => array(buf, text, next, depth, limits),
+        b'_' if text.is_empty() => Ok(Some((Frame::Null, next))),
+        b'%' => map(buf, text, next, depth, limits),
         other => Err(ProtocolError::UnexpectedType(other)),
     }
 }
@@ -68,7 +71,7 @@ fn bulk(
 fn array(
     buf: &[u8],
     header: &[u8],
-    mut pos: usize,
+    pos: usize,
     depth: usize,
     limits: &Limits,
 ) -> Result<Option<(Frame, usize)>, ProtocolError> {
@@ -76,6 +79,37 @@ fn array(
     if count == -1 {
         return Ok(Some((Frame::Null, pos)));
     }
+    Ok(items(buf, count, pos, depth, limits)?.map(|(items, next)| (Frame::Array(items), next)))
+}
+
+/// A RESP3 map: `%<pairs>` then a field and a value per pair.
+fn map(
+    buf: &[u8],
+    header: &[u8],
+    pos: usize,
+    depth: usize,
+    limits: &Limits,
+) -> Result<Option<(Frame, usize)>, ProtocolError> {
+    let pairs = parse_int(header).ok_or(ProtocolError::InvalidMultibulkLength)?;
+    let Some((items, next)) = items(buf, pairs.saturating_mul(2), pos, depth, limits)? else {
+        return Ok(None);
+    };
+    let mut items = items.into_iter();
+    let mut out = Vec::with_capacity(items.len() / 2);
+    while let (Some(field), Some(value)) = (items.next(), items.next()) {
+        out.push((field, value));
+    }
+    Ok(Some((Frame::Map(out), next)))
+}
+
+/// `count` frames one after another from `pos` (an array's or a map's), within the limits.
+fn items(
+    buf: &[u8],
+    count: i64,
+    mut pos: usize,
+    depth: usize,
+    limits: &Limits,
+) -> Result<Option<(Vec<Frame>, usize)>, ProtocolError> {
     if count < 0 {
         return Err(ProtocolError::InvalidMultibulkLength);
     }
@@ -96,7 +130,7 @@ fn array(
         items.push(item);
         pos = next;
     }
-    Ok(Some((Frame::Array(items), pos)))
+    Ok(Some((items, pos)))
 }
 
 /// The text of the line starting at `from` and the index after its `\r\n`.
@@ -166,6 +200,27 @@ mod tests {
     #[test]
     fn a_null_array_decodes_as_null() {
         assert_eq!(one(b"*-1\r\n"), Ok(Some(Frame::Null)));
+    }
+
+    #[test]
+    fn resp3_nulls_and_maps_read_back() {
+        let map = Frame::Map(vec![
+            (Frame::bulk("proto"), Frame::Integer(3)),
+            (Frame::bulk("modules"), Frame::Array(vec![Frame::Null])),
+        ]);
+        let mut bytes = BytesMut::new();
+        super::super::encode::encode_as(&map, super::super::frame::Protocol::Resp3, &mut bytes);
+        assert_eq!(one(&bytes), Ok(Some(map)));
+        assert_eq!(one(b"_\r\n"), Ok(Some(Frame::Null)));
+        assert_eq!(one(b"%0\r\n"), Ok(Some(Frame::Map(vec![]))));
+        // A partial map consumes nothing; a hostile one is refused.
+        assert_eq!(one(b"%1\r\n+a\r\n"), Ok(None));
+        assert!(matches!(
+            one(b"%5\r\n"),
+            Err(ProtocolError::TooManyElements { .. })
+        ));
+        assert_eq!(one(b"%-1\r\n"), Err(ProtocolError::InvalidMultibulkLength));
+        assert_eq!(one(b"_x\r\n"), Err(ProtocolError::UnexpectedType(b'_')));
     }
 
     #[test]

@@ -1,22 +1,43 @@
-//! Writing RESP2 frames. Simple strings and errors are single lines by definition, and error
-//! messages can quote what a client sent (`unknown command '...'`), so CR and LF in them are
-//! replaced with spaces: a client must never be able to inject a reply.
+//! Writing RESP2 and RESP3 frames. Simple strings and errors are single lines by definition,
+//! and error messages can quote what a client sent (`unknown command '...'`), so CR and LF in
+//! them are replaced with spaces: a client must never be able to inject a reply.
+//!
+//! The two protocols differ only in nulls and maps here; every check reply (integers and
+//! arrays) is the same bytes in both, so the fast writers below serve both.
 
-use super::frame::Frame;
+use super::frame::{Frame, Protocol};
 use bytes::{BufMut, BytesMut};
 
-/// Appends `frame` to `out`.
+/// Appends `frame` to `out` in RESP2.
 pub fn encode(frame: &Frame, out: &mut BytesMut) {
+    encode_as(frame, Protocol::Resp2, out)
+}
+
+/// Appends `frame` to `out` in the given protocol.
+pub fn encode_as(frame: &Frame, proto: Protocol, out: &mut BytesMut) {
     match frame {
         Frame::Simple(s) => line(out, b'+', s.as_bytes()),
         Frame::Error(s) => line(out, b'-', s.as_bytes()),
         Frame::Integer(n) => number(out, b':', *n),
         Frame::Bulk(b) => bulk(b, out),
-        Frame::Null => out.put_slice(b"$-1\r\n"),
+        Frame::Null => match proto {
+            Protocol::Resp2 => out.put_slice(b"$-1\r\n"),
+            Protocol::Resp3 => out.put_slice(b"_\r\n"),
+        },
         Frame::Array(items) => {
             array_header(items.len(), out);
             for item in items {
-                encode(item, out);
+                encode_as(item, proto, out);
+            }
+        }
+        Frame::Map(pairs) => {
+            match proto {
+                Protocol::Resp2 => array_header(pairs.len().saturating_mul(2), out),
+                Protocol::Resp3 => number(out, b'%', pairs.len() as i64),
+            }
+            for (field, value) in pairs {
+                encode_as(field, proto, out);
+                encode_as(value, proto, out);
             }
         }
     }
@@ -147,6 +168,43 @@ mod tests {
             ])),
             "*2\r\n:1\r\n*1\r\n$1\r\na\r\n"
         );
+    }
+
+    #[test]
+    fn nulls_and_maps_differ_between_resp2_and_resp3_and_nothing_else_does() {
+        let map = Frame::Map(vec![
+            (Frame::bulk("proto"), Frame::Integer(3)),
+            (Frame::bulk("leader"), Frame::Null),
+        ]);
+        let as_ = |f: &Frame, p| {
+            let mut out = BytesMut::new();
+            encode_as(f, p, &mut out);
+            String::from_utf8(out.to_vec()).unwrap()
+        };
+        assert_eq!(
+            as_(&map, Protocol::Resp2),
+            "*4\r\n$5\r\nproto\r\n:3\r\n$6\r\nleader\r\n$-1\r\n"
+        );
+        assert_eq!(
+            as_(&map, Protocol::Resp3),
+            "%2\r\n$5\r\nproto\r\n:3\r\n$6\r\nleader\r\n_\r\n"
+        );
+        assert_eq!(as_(&Frame::Map(vec![]), Protocol::Resp3), "%0\r\n");
+        // Nested in an array, too.
+        assert_eq!(
+            as_(&Frame::Array(vec![Frame::Null]), Protocol::Resp3),
+            "*1\r\n_\r\n"
+        );
+        // Everything else is the same bytes.
+        let same = Frame::Array(vec![
+            Frame::simple("OK"),
+            Frame::err("x"),
+            Frame::Integer(-7),
+            Frame::bulk("b"),
+            Frame::Array(vec![]),
+        ]);
+        assert_eq!(as_(&same, Protocol::Resp3), as_(&same, Protocol::Resp2));
+        assert_eq!(as_(&same, Protocol::Resp2), enc(same));
     }
 
     #[test]

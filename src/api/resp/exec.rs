@@ -8,7 +8,7 @@
 //! ends it after the requests before it were answered, as in Redis.
 
 use super::command::{self, CheckReply, Command};
-use super::frame::{Batch, Frame, ProtocolError};
+use super::frame::{Batch, Frame, Protocol, ProtocolError};
 use super::{encode, info, reply};
 use crate::clock::LazyTimer;
 use crate::service::{CheckRequest, Service};
@@ -21,9 +21,11 @@ pub struct BatchOutput {
     pub close: bool,
 }
 
-/// A reply known now, or one waiting for the service's answer to a check.
+/// A reply known now (with the protocol it is written in: a `HELLO` in the batch changes
+/// it for what follows), or one waiting for the service's answer to a check (the same bytes
+/// in both protocols).
 enum Slot {
-    Ready(Frame),
+    Ready(Frame, Protocol),
     Check(CheckReply),
 }
 
@@ -32,12 +34,14 @@ enum Slot {
 /// idle timer); decision latencies run from it. `latency` is
 /// the connection's local handle on the RESP decision-latency histogram: a batch's
 /// observations reach the shared histogram with one flush (a handful of atomic adds, not
-/// three per decision).
+/// three per decision). `proto` is the protocol the connection speaks, switched by `HELLO`.
+#[allow(clippy::too_many_arguments)]
 pub async fn run(
     service: &Service,
     requests: Batch,
     error: Option<ProtocolError>,
     peer: SocketAddr,
+    proto: &mut Protocol,
     // `&mut`, not `&`: LocalHistogram is not Sync, and a shared reference held across the
     // await below would make the connection's future not Send.
     latency: &mut prometheus::local::LocalHistogram,
@@ -57,23 +61,32 @@ pub async fn run(
             }
             Ok(Command::Cluster(c)) => {
                 // May ask the other members for their addresses: not in `answer`.
-                slots.push(Slot::Ready(super::cluster::answer(service, c).await))
+                let reply = super::cluster::answer(service, c).await;
+                slots.push(Slot::Ready(reply, *proto))
             }
             Ok(Command::Quit) => {
-                slots.push(Slot::Ready(Frame::simple("OK")));
+                slots.push(Slot::Ready(Frame::simple("OK"), *proto));
                 close = true;
                 break;
             }
-            Ok(other) => slots.push(Slot::Ready(answer(service, other))),
+            Ok(Command::Hello(switch)) => {
+                // The reply is already in the protocol asked for, as Redis sends it.
+                *proto = switch.unwrap_or(*proto);
+                slots.push(Slot::Ready(info::hello(*proto), *proto));
+            }
+            Ok(other) => slots.push(Slot::Ready(answer(service, other), *proto)),
             Err(e) => {
                 bad_request(service, peer, e.reason(), &e.message());
-                slots.push(Slot::Ready(e.to_frame()));
+                slots.push(Slot::Ready(e.to_frame(), *proto));
             }
         }
     }
     if let (Some(e), false) = (&error, close) {
         bad_request(service, peer, "protocol", &e.to_string());
-        slots.push(Slot::Ready(Frame::err(format!("Protocol error: {e}"))));
+        slots.push(Slot::Ready(
+            Frame::err(format!("Protocol error: {e}")),
+            *proto,
+        ));
         close = true;
     }
 
@@ -95,23 +108,26 @@ pub async fn run(
     // A CL.THROTTLE reply is about 30 bytes: one allocation for most batches.
     let mut bytes = BytesMut::with_capacity(slots.len() * 32);
     for slot in slots {
-        let frame = match slot {
-            Slot::Ready(f) => f,
-            Slot::Check(kind) => match answers.next() {
-                Some(Ok(resp)) => {
-                    reply::write_check_reply(kind, &resp, &mut bytes);
-                    continue;
-                }
-                Some(Err(e)) => {
-                    if let Some(reason) = reply::error_reason(&e) {
-                        bad_request(service, peer, reason, &e.to_string());
+        let (frame, proto) = match slot {
+            Slot::Ready(f, proto) => (f, proto),
+            Slot::Check(kind) => (
+                match answers.next() {
+                    Some(Ok(resp)) => {
+                        reply::write_check_reply(kind, &resp, &mut bytes);
+                        continue;
                     }
-                    reply::check_error(&e)
-                }
-                None => Frame::err("internal error: the service gave no answer to this check"),
-            },
+                    Some(Err(e)) => {
+                        if let Some(reason) = reply::error_reason(&e) {
+                            bad_request(service, peer, reason, &e.to_string());
+                        }
+                        reply::check_error(&e)
+                    }
+                    None => Frame::err("internal error: the service gave no answer to this check"),
+                },
+                Protocol::Resp2,
+            ),
         };
-        encode::encode(&frame, &mut bytes);
+        encode::encode_as(&frame, proto, &mut bytes);
     }
     BatchOutput { bytes, close }
 }
@@ -122,8 +138,9 @@ fn answer(service: &Service, cmd: Command) -> Frame {
         Command::Ping(None) => Frame::simple("PONG"),
         Command::Ping(Some(m)) | Command::Echo(m) => Frame::Bulk(m),
         Command::Select | Command::Client | Command::Quit => Frame::simple("OK"),
-        Command::Hello => info::hello(),
-        Command::CommandList => Frame::Array(vec![]),
+        Command::Hello(_) => Frame::err("internal error: HELLO outside its batch"),
+        // A map in Redis (of each command's docs): quorate has none to give.
+        Command::CommandList => Frame::Map(vec![]),
         Command::CommandInfo(names) => info::command_info(&names),
         Command::CommandNames => info::command_names(),
         Command::CommandCount => Frame::Integer(info::COMMANDS.len() as i64),

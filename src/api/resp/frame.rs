@@ -1,4 +1,9 @@
-//! RESP2 frames and the incremental parser of client requests.
+//! RESP frames and the incremental parser of client requests.
+//!
+//! A connection speaks RESP2 until it sends `HELLO 3`; the frames are the same in both, and
+//! only the encoder ([`super::encode::encode_as`]) writes them differently: a
+//! [`Frame::Null`] is `$-1` in RESP2 and `_` in RESP3, a [`Frame::Map`] a flat array of
+//! field, value pairs in RESP2 and `%` in RESP3.
 //!
 //! Clients send either an array of bulk strings (`*2\r\n$4\r\nECHO\r\n$2\r\nhi\r\n`) or an
 //! inline command (`ECHO hi\r\n`, as telnet sends). [`take_batch`] takes whatever has
@@ -18,7 +23,25 @@ use super::inline;
 use bytes::{Bytes, BytesMut};
 use std::ops::Range;
 
-/// One RESP2 value: what the server replies (and what the client decodes).
+/// The protocol a connection speaks: RESP2 until the client sends `HELLO 3`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Protocol {
+    #[default]
+    Resp2,
+    Resp3,
+}
+
+impl Protocol {
+    /// The version number `HELLO` takes and answers.
+    pub fn version(self) -> i64 {
+        match self {
+            Protocol::Resp2 => 2,
+            Protocol::Resp3 => 3,
+        }
+    }
+}
+
+/// One RESP value: what the server replies (and what the client decodes).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Frame {
     /// `+OK`. Must not contain CR or LF (the encoder replaces them).
@@ -29,10 +52,13 @@ pub enum Frame {
     Integer(i64),
     /// `$2\r\nhi`
     Bulk(Bytes),
-    /// `$-1` (and `*-1` when decoded).
+    /// `$-1` in RESP2, `_` in RESP3 (and `*-1` when decoded).
     Null,
     /// `*2\r\n...`
     Array(Vec<Frame>),
+    /// Field, value pairs: `%1\r\n...` in RESP3; in RESP2 the flat array Redis sends
+    /// (`*2\r\n<field><value>`).
+    Map(Vec<(Frame, Frame)>),
 }
 
 impl Frame {

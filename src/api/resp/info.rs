@@ -4,28 +4,24 @@
 //! an error, so each answers as a Redis 7.0 server would, with quorate's own numbers where it
 //! has them.
 
-use super::frame::Frame;
+use super::frame::{Frame, Protocol};
 use crate::service::Service;
 use bytes::Bytes;
 
 /// The Redis version quorate reports, for tools that check one.
 pub const REDIS_VERSION: &str = "7.0.0";
 
-/// `HELLO [2]`: a RESP2 array of field, value pairs.
-pub fn hello() -> Frame {
-    Frame::Array(vec![
-        Frame::bulk("server"),
-        Frame::bulk("quorate"),
-        Frame::bulk("version"),
-        Frame::bulk(env!("CARGO_PKG_VERSION")),
-        Frame::bulk("proto"),
-        Frame::Integer(2),
-        Frame::bulk("mode"),
-        Frame::bulk("standalone"),
-        Frame::bulk("role"),
-        Frame::bulk("master"),
-        Frame::bulk("modules"),
-        Frame::Array(vec![]),
+/// `HELLO [2|3]`: field, value pairs (a map in RESP3, a flat array in RESP2), `proto` the
+/// protocol the connection speaks from now on.
+pub fn hello(proto: Protocol) -> Frame {
+    let field = |name: &'static str, value| (Frame::bulk(name), value);
+    Frame::Map(vec![
+        field("server", Frame::bulk("quorate")),
+        field("version", Frame::bulk(env!("CARGO_PKG_VERSION"))),
+        field("proto", Frame::Integer(proto.version())),
+        field("mode", Frame::bulk("standalone")),
+        field("role", Frame::bulk("master")),
+        field("modules", Frame::Array(vec![])),
     ])
 }
 
@@ -40,10 +36,9 @@ pub fn config_get(params: &[Bytes]) -> Frame {
         } else {
             continue;
         };
-        out.push(Frame::bulk(p.to_ascii_lowercase()));
-        out.push(Frame::bulk(value));
+        out.push((Frame::bulk(p.to_ascii_lowercase()), Frame::bulk(value)));
     }
-    Frame::Array(out)
+    Frame::Map(out)
 }
 
 /// `INFO [section ...]`: the `server`, `clients` and `keyspace` sections (all of them when no
@@ -330,29 +325,28 @@ mod tests {
         ];
         assert_eq!(
             config_get(&params),
-            Frame::Array(vec![
-                Frame::bulk("save"),
-                Frame::bulk(""),
-                Frame::bulk("appendonly"),
-                Frame::bulk("no"),
+            Frame::Map(vec![
+                (Frame::bulk("save"), Frame::bulk("")),
+                (Frame::bulk("appendonly"), Frame::bulk("no")),
             ])
         );
-        assert_eq!(
-            config_get(&[Bytes::from_static(b"x")]),
-            Frame::Array(vec![])
-        );
+        assert_eq!(config_get(&[Bytes::from_static(b"x")]), Frame::Map(vec![]));
     }
 
     #[test]
-    fn hello_says_protocol_two() {
-        let Frame::Array(fields) = hello() else {
-            panic!("not an array")
-        };
-        let proto = fields
-            .iter()
-            .position(|f| *f == Frame::bulk("proto"))
-            .unwrap();
-        assert_eq!(fields[proto + 1], Frame::Integer(2));
-        assert_eq!(fields[1], Frame::bulk("quorate"));
+    fn hello_names_the_protocol_it_switches_to() {
+        for proto in [Protocol::Resp2, Protocol::Resp3] {
+            let Frame::Map(fields) = hello(proto) else {
+                panic!("not a map")
+            };
+            let value = |name: &str| {
+                fields
+                    .iter()
+                    .find(|(f, _)| *f == Frame::bulk(name.to_string()))
+                    .map(|(_, v)| v.clone())
+            };
+            assert_eq!(value("proto"), Some(Frame::Integer(proto.version())));
+            assert_eq!(value("server"), Some(Frame::bulk("quorate")));
+        }
     }
 }
