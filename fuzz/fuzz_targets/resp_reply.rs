@@ -5,8 +5,8 @@
 use bytes::BytesMut;
 use libfuzzer_sys::fuzz_target;
 use quorate::api::resp::decode::parse_reply;
-use quorate::api::resp::encode::to_bytes;
-use quorate::api::resp::frame::Limits;
+use quorate::api::resp::encode::{encode_as, to_bytes};
+use quorate::api::resp::frame::{Limits, Protocol};
 use quorate::client::resp::{check_answer, throttle_answer};
 
 const LIMITS: Limits = Limits {
@@ -26,6 +26,11 @@ fuzz_target!(|data: &[u8]| {
         };
         let again = parse_reply(&mut to_bytes(&frame), &roomy);
         assert!(matches!(again, Ok(Some(_))), "{frame:?} -> {again:?}");
+        // And in RESP3 (nulls `_`, maps `%`), as a connection writes after `HELLO 3`.
+        let mut resp3 = BytesMut::new();
+        encode_as(&frame, Protocol::Resp3, &mut resp3);
+        let again = parse_reply(&mut resp3, &roomy);
+        assert!(matches!(again, Ok(Some(_))), "{frame:?} -> {again:?} (RESP3)");
         let _ = check_answer(frame.clone());
         let _ = throttle_answer(frame);
     }

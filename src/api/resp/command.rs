@@ -400,18 +400,40 @@ fn select(rest: &[&[u8]]) -> Result<Command, CommandError> {
     }
 }
 
-/// `HELLO [protover [AUTH user pass] [SETNAME name]]`: protocol 2 or 3; the options are
-/// accepted and ignored (quorate has no users or client names).
+/// `HELLO [protover [AUTH user pass] [SETNAME name]]`: protocol 2 or 3. The options are
+/// checked as Redis checks them (a malformed one refuses the whole command, so the protocol
+/// does not change) and then ignored: quorate has no users or client names.
 fn hello(rest: &[&[u8]]) -> Result<Command, CommandError> {
-    match rest.first().map(|v| parse_int(v)) {
-        None => Ok(Command::Hello(None)),
-        Some(Some(2)) => Ok(Command::Hello(Some(Protocol::Resp2))),
-        Some(Some(3)) => Ok(Command::Hello(Some(Protocol::Resp3))),
-        Some(Some(_)) => Err(CommandError::NoProto),
-        Some(None) => Err(CommandError::Invalid(
-            "Protocol version is not an integer or out of range".into(),
-        )),
+    let Some((version, mut options)) = rest.split_first() else {
+        return Ok(Command::Hello(None));
+    };
+    let proto = match parse_int(version) {
+        Some(2) => Protocol::Resp2,
+        Some(3) => Protocol::Resp3,
+        Some(_) => return Err(CommandError::NoProto),
+        None => {
+            return Err(CommandError::Invalid(
+                "Protocol version is not an integer or out of range".into(),
+            ))
+        }
+    };
+    while let Some((option, rest)) = options.split_first() {
+        let takes = if option.eq_ignore_ascii_case(b"AUTH") {
+            2
+        } else if option.eq_ignore_ascii_case(b"SETNAME") {
+            1
+        } else {
+            0
+        };
+        if takes == 0 || rest.len() < takes {
+            return Err(CommandError::Invalid(format!(
+                "Syntax error in HELLO option '{}'",
+                String::from_utf8_lossy(option)
+            )));
+        }
+        options = &rest[takes..];
     }
+    Ok(Command::Hello(Some(proto)))
 }
 
 fn command(rest: &[&[u8]]) -> Result<Command, CommandError> {
@@ -622,6 +644,25 @@ mod tests {
             p("hello 3 AUTH default pw"),
             Ok(Command::Hello(Some(Protocol::Resp3)))
         );
+        assert_eq!(
+            p("HELLO 3 SETNAME app AUTH default pw"),
+            Ok(Command::Hello(Some(Protocol::Resp3)))
+        );
+        // A malformed option refuses the whole command, as in Redis.
+        for bad in [
+            "HELLO 3 AUTH u",
+            "HELLO 3 SETNAME",
+            "HELLO 3 FOO",
+            "HELLO 2 AUTH",
+        ] {
+            let Err(CommandError::Invalid(m)) = p(bad) else {
+                panic!("{bad} accepted")
+            };
+            assert!(
+                m.starts_with("Syntax error in HELLO option '"),
+                "{bad}: {m}"
+            );
+        }
         assert_eq!(p("HELLO 4"), Err(CommandError::NoProto));
         assert_eq!(p("HELLO 1"), Err(CommandError::NoProto));
         assert!(matches!(p("HELLO three"), Err(CommandError::Invalid(_))));

@@ -2,8 +2,8 @@
 //! and error messages can quote what a client sent (`unknown command '...'`), so CR and LF in
 //! them are replaced with spaces: a client must never be able to inject a reply.
 //!
-//! The two protocols differ only in nulls and maps here; every check reply (integers and
-//! arrays) is the same bytes in both, so the fast writers below serve both.
+//! The two protocols differ only in nulls and maps here; every check reply (integers, bulk
+//! strings and arrays) is the same bytes in both, so the fast writers below serve both.
 
 use super::frame::{Frame, Protocol};
 use bytes::{BufMut, BytesMut};

@@ -21,12 +21,11 @@ pub struct BatchOutput {
     pub close: bool,
 }
 
-/// A reply known now (with the protocol it is written in: a `HELLO` in the batch changes
-/// it for what follows), or one waiting for the service's answer to a check (the same bytes
-/// in both protocols).
+/// A reply known now, or one waiting for the service's answer to a check; each with the
+/// protocol it is written in (a `HELLO` in the batch changes it for what follows).
 enum Slot {
     Ready(Frame, Protocol),
-    Check(CheckReply),
+    Check(CheckReply, Protocol),
 }
 
 /// Answers `requests` in order, then `error` (if the parser stopped on one). `started` is the
@@ -57,7 +56,7 @@ pub async fn run(
         match command::parse(&args) {
             Ok(Command::Check { request, reply }) => {
                 checks.push(request);
-                slots.push(Slot::Check(reply));
+                slots.push(Slot::Check(reply, *proto));
             }
             Ok(Command::Cluster(c)) => {
                 // May ask the other members for their addresses: not in `answer`.
@@ -110,7 +109,7 @@ pub async fn run(
     for slot in slots {
         let (frame, proto) = match slot {
             Slot::Ready(f, proto) => (f, proto),
-            Slot::Check(kind) => (
+            Slot::Check(kind, proto) => (
                 match answers.next() {
                     Some(Ok(resp)) => {
                         reply::write_check_reply(kind, &resp, &mut bytes);
@@ -124,7 +123,7 @@ pub async fn run(
                     }
                     None => Frame::err("internal error: the service gave no answer to this check"),
                 },
-                Protocol::Resp2,
+                proto,
             ),
         };
         encode::encode_as(&frame, proto, &mut bytes);

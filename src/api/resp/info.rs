@@ -12,16 +12,19 @@ use bytes::Bytes;
 pub const REDIS_VERSION: &str = "7.0.0";
 
 /// `HELLO [2|3]`: field, value pairs (a map in RESP3, a flat array in RESP2), `proto` the
-/// protocol the connection speaks from now on.
+/// protocol the connection speaks from now on. `version` is the Redis version quorate
+/// reports (as `INFO`'s `redis_version`: clients read it to know what the server speaks),
+/// and `quorate_version`, after Redis's fields, is quorate's own.
 pub fn hello(proto: Protocol) -> Frame {
     let field = |name: &'static str, value| (Frame::bulk(name), value);
     Frame::Map(vec![
         field("server", Frame::bulk("quorate")),
-        field("version", Frame::bulk(env!("CARGO_PKG_VERSION"))),
+        field("version", Frame::bulk(REDIS_VERSION)),
         field("proto", Frame::Integer(proto.version())),
         field("mode", Frame::bulk("standalone")),
         field("role", Frame::bulk("master")),
         field("modules", Frame::Array(vec![])),
+        field("quorate_version", Frame::bulk(env!("CARGO_PKG_VERSION"))),
     ])
 }
 
@@ -200,6 +203,10 @@ pub const COMMANDS: &[CommandSpec] = &[
     },
 ];
 
+/// A command's entry as Redis 6 gives it: name, arity, flags, first key, last key, step,
+/// ACL categories (none: quorate has no ACLs). Seven elements, not Redis 7's ten (tips, key
+/// specs, subcommands): clients read the key positions from the first six, and redis-py's
+/// RESP3 parser needs the seventh.
 fn command_entry(c: &CommandSpec) -> Frame {
     Frame::Array(vec![
         Frame::bulk(c.name),
@@ -208,6 +215,7 @@ fn command_entry(c: &CommandSpec) -> Frame {
         Frame::Integer(c.keys.0),
         Frame::Integer(c.keys.1),
         Frame::Integer(c.keys.2),
+        Frame::Array(vec![]),
     ])
 }
 

@@ -1,7 +1,7 @@
-//! The Redis protocol (RESP2) API, so that Redis clients and redis-cell users can use quorate
-//! unchanged: `CL.THROTTLE` answers exactly as redis-cell does, `QR.CHECK` and `QR.PEEK` add
-//! named limits and all-or-nothing checks, and the connection commands redis-cli and
-//! redis-benchmark send are answered.
+//! The Redis protocol API (RESP2, and RESP3 after `HELLO 3`), so that Redis clients and
+//! redis-cell users can use quorate unchanged: `CL.THROTTLE` answers exactly as redis-cell
+//! does, `QR.CHECK` and `QR.PEEK` add named limits and all-or-nothing checks, and the
+//! connection commands redis-cli and redis-benchmark send are answered.
 //!
 //! Layers, each in its own file: bytes to requests ([`frame`], [`inline`]), requests to
 //! commands ([`command`]), a pipeline batch through the service ([`exec`]), answers to
