@@ -41,7 +41,7 @@ pub enum Command {
     Client,
     /// `HELLO [2|3]`: the protocol to switch to (`None`: stay, and say which).
     Hello(Option<Protocol>),
-    /// `COMMAND DOCS [name ...]`: an empty array.
+    /// `COMMAND DOCS [name ...]`: an empty map (no docs).
     CommandList,
     /// `COMMAND`, `COMMAND INFO [name ...]` (all when none is named): each command's name,
     /// arity, flags and key positions, as Redis Cluster clients read them to find a
