@@ -668,15 +668,18 @@ async fn a_flood_of_denied_strict_checks_adds_nothing_to_the_log() {
 async fn a_cached_denial_ends_before_the_leader_would_admit_again() {
     let cluster = blocking(|| Cluster::start(3, &policies(), &[]));
     let key = "blink";
+    let group = shard("brief", key);
     let leader = loop {
-        if let Some(l) = blocking(|| cluster.leader_of(0, shard("brief", key))) {
+        if let Some(l) = blocking(|| cluster.leader_of(0, group)) {
             break l as usize;
         }
         tokio::time::sleep(Duration::from_millis(100)).await;
     };
     let i = (0..3).find(|&i| i + 1 != leader).unwrap();
     let c = client(cluster.members[i].resp);
-    for round in 0..3 {
+    let (mut rounds, mut elections) = (0, 0);
+    let mut term = blocking(|| cluster.term_of(i, group));
+    while rounds < 3 {
         // One per second: the first check admitted, the rest denied (most from the cache).
         let started = Instant::now();
         let mut admitted = 0;
@@ -687,7 +690,19 @@ async fn a_cached_denial_ends_before_the_leader_would_admit_again() {
             started.elapsed() < Duration::from_secs(1),
             "too slow to count"
         );
-        assert_eq!(admitted, 1, "round {round}: one admission per second");
+        // An election since the last round (a loaded machine) restarts the shard time from
+        // the last committed entry, the last admission: the new leader then rightly denies
+        // for up to as long after it as the term change came (docs/semantics.md), and the
+        // round says nothing about the cache. Such a round is repeated, a few times at most.
+        let now = blocking(|| cluster.term_of(i, group));
+        let elected = now != term;
+        term = now;
+        if admitted == 0 && elected && elections < 3 {
+            elections += 1;
+        } else {
+            assert_eq!(admitted, 1, "round {rounds}: one admission per second");
+            rounds += 1;
+        }
         // A second later the leader admits again: so must this member.
         tokio::time::sleep(Duration::from_millis(1100)).await;
     }
