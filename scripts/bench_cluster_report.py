@@ -134,7 +134,7 @@ L.append("**Rows marked *slot sharding*: a third cluster, created with `sharding
          "connection goes to the first node (redis-benchmark places the first connection "
          "there), so one leader takes all of it, as in the *one shard* row.")
 L.append("")
-L.append("| pair | pipeline | Redis+Lua decisions/s | cluster decisions/s | cluster / Redis (per round) | Redis p50 / p99 ms | cluster p50 / p99 ms |")
+L.append("| pair | pipeline | Redis+Lua decisions/s | cluster decisions/s | cluster / Redis (of the medians; per round) | Redis p50 / p99 ms | cluster p50 / p99 ms |")
 L.append("|---|---:|---:|---:|---:|---:|---:|")
 ONE_LABEL = ", *one shard*, load at its leader"
 SLOTS_LABEL = ", *slot sharding*, `redis-benchmark --cluster`"
