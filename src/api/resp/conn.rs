@@ -7,7 +7,7 @@
 //! `idle_timeout` is disconnected. On shutdown a connection finishes the batch it is
 //! answering and closes instead of reading more.
 
-use super::exec;
+use super::exec::{self, ConnState};
 use super::frame::{take_batch, Batch, Limits, Protocol, ProtocolError};
 use crate::clock::LazyTimer;
 use crate::net::Stream;
@@ -58,17 +58,20 @@ pub async fn handle<S: Stream>(
     let cap = limits.max_frame.saturating_add(READ_CHUNK);
     // One idle timer and one call timer for the connection's life (see `LazyTimer`).
     let mut idle = LazyTimer::new(service.clock().clone(), config.idle_timeout);
-    let mut calls = service.call_timer();
-    let mut latency = service
-        .metrics()
-        .decision_latency
-        .with_label_values(&["resp"])
-        .local();
+    // RESP2 until the client sends `HELLO 3`.
+    let mut conn = ConnState {
+        peer,
+        proto: Protocol::default(),
+        latency: service
+            .metrics()
+            .decision_latency
+            .with_label_values(&["resp"])
+            .local(),
+        calls: service.call_timer(),
+    };
     let (stopping, stop) = shutdown.split();
     let mut stop = std::pin::pin!(stop);
     let mut buf = BytesMut::new();
-    // RESP2 until the client sends `HELLO 3`.
-    let mut proto = Protocol::default();
     // When the last read completed (the clock reading its idle restart took), if no batch
     // has used it yet: requests it completed arrived then.
     let mut arrived = None;
@@ -81,17 +84,7 @@ pub async fn handle<S: Stream>(
             let started = arrived
                 .take()
                 .unwrap_or_else(|| service.clock().monotonic());
-            let out = exec::run(
-                &service,
-                requests,
-                error,
-                peer,
-                &mut proto,
-                &mut latency,
-                &mut calls,
-                started,
-            )
-            .await;
+            let out = exec::run(&service, requests, error, &mut conn, started).await;
             let sent = idle
                 .bound(async {
                     stream.write_all(&out.bytes).await?;
@@ -116,17 +109,8 @@ pub async fn handle<S: Stream>(
             let e = ProtocolError::FrameTooLarge {
                 max: limits.max_frame,
             };
-            let out = exec::run(
-                &service,
-                Batch::default(),
-                Some(e),
-                peer,
-                &mut proto,
-                &mut latency,
-                &mut calls,
-                service.clock().monotonic(),
-            )
-            .await;
+            let now = service.clock().monotonic();
+            let out = exec::run(&service, Batch::default(), Some(e), &mut conn, now).await;
             let _ = idle.bound(stream.write_all(&out.bytes)).await;
             return;
         }

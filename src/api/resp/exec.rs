@@ -28,25 +28,38 @@ enum Slot {
     Check(CheckReply, Protocol),
 }
 
+/// What a connection keeps from batch to batch.
+pub struct ConnState {
+    /// The client's address, for the log of bad requests.
+    pub peer: SocketAddr,
+    /// The protocol the connection speaks, switched by `HELLO`.
+    pub proto: Protocol,
+    /// The connection's local handle on the RESP decision-latency histogram: a batch's
+    /// observations reach the shared histogram with one flush (a handful of atomic adds, not
+    /// three per decision). Owned here, not shared: `LocalHistogram` is not `Sync`, and a
+    /// shared reference held across an await would make the connection's future not `Send`.
+    pub latency: prometheus::local::LocalHistogram,
+    /// The connection's timer for its calls to the service (see `LazyTimer`).
+    pub calls: LazyTimer,
+}
+
 /// Answers `requests` in order, then `error` (if the parser stopped on one). `started` is the
 /// service clock's reading when the requests arrived (the connection read it anyway, for its
-/// idle timer); decision latencies run from it. `latency` is
-/// the connection's local handle on the RESP decision-latency histogram: a batch's
-/// observations reach the shared histogram with one flush (a handful of atomic adds, not
-/// three per decision). `proto` is the protocol the connection speaks, switched by `HELLO`.
-#[allow(clippy::too_many_arguments)]
+/// idle timer); decision latencies run from it.
 pub async fn run(
     service: &Service,
     requests: Batch,
     error: Option<ProtocolError>,
-    peer: SocketAddr,
-    proto: &mut Protocol,
-    // `&mut`, not `&`: LocalHistogram is not Sync, and a shared reference held across the
-    // await below would make the connection's future not Send.
-    latency: &mut prometheus::local::LocalHistogram,
-    calls: &mut LazyTimer,
+    conn: &mut ConnState,
     started: crate::limiter::Nanos,
 ) -> BatchOutput {
+    let ConnState {
+        peer,
+        proto,
+        latency,
+        calls,
+    } = conn;
+    let peer = *peer;
     let mut slots = Vec::with_capacity(requests.len() + 1);
     let mut checks: Vec<CheckRequest> = Vec::with_capacity(requests.len());
     let mut close = false;
