@@ -32,7 +32,8 @@ pub struct Metrics {
     /// Policy reloads by result (`ok`, `error`).
     pub reloads: IntCounterVec,
     /// Checks answered by `on_unavailable` because their shard had no leader or quorum, by
-    /// answer (`deny`, `allow`, `local`).
+    /// answer (`deny`, `allow`, `local`; `unknown`: a check with a request id whose outcome
+    /// could not be learned, answered as unavailable).
     pub unavailable: IntCounterVec,
     /// Checks a cluster member denied from the denials it learned from other nodes'
     /// leaders, without forwarding them.

@@ -2,6 +2,12 @@
 //! partitions. Every check a client was told was admitted under a strict policy is an
 //! admission in the committed log (under its request id), so a failover can never hand the
 //! same units out again.
+//!
+//! And its mirror, under every policy: a check a client was told was denied is no admission
+//! in the log. A denial says nothing was spent, so a caller retries it under a new request id
+//! (the id's first answer is kept); had the log admitted it, the retry would spend twice. An
+//! `on_unavailable` denial of a check the leader went on to admit did exactly that (the
+//! clients here always send an id: no denial is given from a member's cache).
 
 use super::history::{History, Outcome};
 use crate::limiter::Nanos;
@@ -25,6 +31,14 @@ pub fn check(history: &History, decisions: &BTreeMap<&str, (bool, Nanos)>) -> Ve
                 "strict: {} ({} {}) was acknowledged as admitted but is in no node's applied log (lost)",
                 op.id, op.policy, op.key
             )),
+        }
+    }
+    for op in history.ops.iter().filter(|o| o.outcome == Outcome::Denied) {
+        if let Some((true, _)) = decisions.get(format!("{}#0", op.id).as_str()) {
+            out.push(format!(
+                "{} ({} {}) was answered as denied but the log admitted it (spent unknown to its caller)",
+                op.id, op.policy, op.key
+            ));
         }
     }
     out

@@ -8,7 +8,7 @@
 //! history, one invariant per file:
 //! - [`check_strict`] — strict limits never over-admit in any window;
 //! - [`check_fast`] — fast limits over-admit only within their bound;
-//! - [`check_lost`] — no acknowledged strict admission is lost;
+//! - [`check_lost`] — no acknowledged strict admission is lost, and no denial was spent;
 //! - [`check_drift`] — in true time, strict limits over-admit no more than clock drift allows;
 //! - [`check_agree`] — replicas applied the same log and agree once healed;
 //! - [`check_live`] — after healing, leaders everywhere and admissions within a bound;

@@ -48,7 +48,7 @@ use openraft::{BasicNode, Raft, ServerState};
 use serde::Serialize;
 use std::collections::BTreeMap;
 use std::path::PathBuf;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 use tokio::sync::{oneshot, Notify, Semaphore};
@@ -669,7 +669,9 @@ impl Cluster {
         }
         // One deadline for the whole call: waiting for a leader, proposing or forwarding, and
         // retrying what was certainly not applied. Past it (or on an outcome that may have
-        // been applied), `on_unavailable` answers.
+        // been applied), `on_unavailable` answers; except that a check with a request id
+        // whose outcome may have been applied is `Applied::Unknown` (see `fallback`).
+        let maybe_applied = AtomicBool::new(false);
         let attempt = async {
             let mut hint = leader;
             loop {
@@ -677,6 +679,8 @@ impl Cluster {
                     Some(id) => id,
                     None => self.wait_for_leader(&group).await?,
                 };
+                // From here until an answer says otherwise, the commands may be applied.
+                maybe_applied.store(true, Ordering::Relaxed);
                 let result = if id == me {
                     self.propose(&group, commands.clone(), fast).await
                 } else {
@@ -687,6 +691,13 @@ impl Cluster {
                     }
                     answer
                 };
+                if matches!(
+                    result,
+                    Err(ForwardError::NotLeader { .. } | ForwardError::Unavailable(_))
+                ) {
+                    // Certainly not applied: refused, or never sent.
+                    maybe_applied.store(false, Ordering::Relaxed);
+                }
                 match result {
                     Ok(applied) => return Some(applied),
                     Err(ForwardError::NotLeader { leader }) => {
@@ -709,7 +720,7 @@ impl Cluster {
         };
         match tokio::time::timeout(self.config.unavailable_after, attempt).await {
             Ok(Some(applied)) => Ok(applied),
-            _ => Ok(self.fallback(&group, &commands)),
+            _ => Ok(self.fallback(&group, &commands, maybe_applied.load(Ordering::Relaxed))),
         }
     }
 
@@ -817,8 +828,13 @@ impl Cluster {
         }
     }
 
-    /// The policy's `on_unavailable` answer for each command.
-    fn fallback(&self, group: &Group, commands: &[Command]) -> Vec<Applied> {
+    /// The policy's `on_unavailable` answer for each command. When the commands may have
+    /// been applied (`maybe_applied`: sent to a leader that did not answer), a check with a
+    /// request id under `deny` or `local` is `Applied::Unknown` instead: a denial would tell
+    /// its caller that nothing was spent, and a caller retrying a denial uses a new id
+    /// (the id's first answer is that denial), so an admission the leader did make would be
+    /// spent again. Under `allow` it is admitted as usual (the caller does not retry).
+    fn fallback(&self, group: &Group, commands: &[Command], maybe_applied: bool) -> Vec<Applied> {
         let members = Cluster::voters(group).len().max(1) as u64;
         let now = self.clock.monotonic();
         commands
@@ -829,8 +845,15 @@ impl Cluster {
                     limit,
                     cost,
                     on_full,
-                    ..
+                    request_id,
                 } => {
+                    if maybe_applied && request_id.is_some() && *on_full != OnUnavailable::Allow {
+                        self.metrics
+                            .unavailable
+                            .with_label_values(&["unknown"])
+                            .inc();
+                        return Applied::Unknown;
+                    }
                     self.fallbacks.fetch_add(1, Ordering::Relaxed);
                     let label = match on_full {
                         OnUnavailable::Deny => "deny",

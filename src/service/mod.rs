@@ -125,6 +125,11 @@ fn no_answer_within(timeout: std::time::Duration) -> String {
     format!("no answer from a shard within {timeout:?}")
 }
 
+/// Why a check with a request id is unavailable when its shard could not learn whether the
+/// leader applied it (`Applied::Unknown`).
+const OUTCOME_UNKNOWN: &str =
+    "the outcome is unknown (the shard's leader did not answer in time); retry with the same request id";
+
 /// A check's request id and its resolved items, or the error that refused it.
 type ResolvedCheck = (Option<String>, Result<Vec<Resolved>, CheckError>);
 
@@ -343,6 +348,9 @@ impl Service {
             Some(Err(e)) => return Err(CheckError::Unavailable(e.to_string())),
             None => return Err(CheckError::Unavailable(no_answer_within(timeout))),
         };
+        if matches!(applied, Some(Applied::Unknown)) {
+            return Err(CheckError::Unavailable(OUTCOME_UNKNOWN.into()));
+        }
         let mut counted = DecisionTally::default();
         let response = self.respond(&mut items, &[applied], started, &mut counted);
         counted.add_to(&self.inner.metrics.decisions);
@@ -360,8 +368,10 @@ impl Service {
         let mut answers: Vec<Option<Result<CheckResponse, CheckError>>> =
             Vec::with_capacity(checks.len());
         let mut resolved: Vec<Vec<Resolved>> = Vec::with_capacity(checks.len());
+        let mut with_id: Vec<bool> = Vec::with_capacity(checks.len());
         let mut per_shard: BTreeMap<u32, ShardBatch> = BTreeMap::new();
         for (r, (request_id, check)) in checks.into_iter().enumerate() {
+            with_id.push(request_id.is_some());
             match check {
                 Ok(mut items) => {
                     let single = items.len() == 1;
@@ -428,9 +438,17 @@ impl Service {
         let mut counted = DecisionTally::default();
         for (r, items) in resolved.iter_mut().enumerate() {
             let results = &results[first[r]..first[r] + items.len()];
+            if answers[r].is_none() && results.iter().any(|a| matches!(a, Some(Applied::Unknown))) {
+                answers[r] = Some(Err(CheckError::Unavailable(OUTCOME_UNKNOWN.into())));
+            }
             if answers[r].is_some() {
-                // Invalid, or a shard failed: refund whatever other shards admitted.
-                self.collect_refunds(items, results, &mut refunds);
+                // Invalid, or a shard failed: refund whatever other shards admitted. Not
+                // with a request id: each admission is remembered under it, and the
+                // caller's retry gets it again (a refunded one would then be spent by
+                // nobody); the shard that failed may have admitted too.
+                if !with_id[r] {
+                    self.collect_refunds(items, results, &mut refunds);
+                }
                 continue;
             }
             let response = self.respond(items, results, started, &mut counted);

@@ -137,6 +137,12 @@ pub enum Applied {
     },
     Refunded,
     Evicted(u64),
+    /// A check with a request id that may have been applied, or not: the cluster could not
+    /// learn its outcome in time (sent to the leader, then no answer). Never in a log entry's
+    /// results; the service answers it as unavailable, so that the caller retries with the
+    /// same id and gets the first answer (an `on_unavailable` denial would have it retry
+    /// under a new id, and spend twice).
+    Unknown,
 }
 
 /// bincode 2's standard configuration: varint integers, little endian.

@@ -220,11 +220,6 @@ impl Cluster {
         self.status(i)["cluster"]["groups"][shard as usize]["leader"].as_u64()
     }
 
-    /// The term of shard `shard`'s Raft group, as member `i` sees it.
-    pub fn term_of(&self, i: usize, shard: u64) -> Option<u64> {
-        self.status(i)["cluster"]["groups"][shard as usize]["term"].as_u64()
-    }
-
     /// How many shards each member leads, as member `i` sees it.
     pub fn leaders(&self, i: usize) -> Vec<Option<u64>> {
         self.status(i)["cluster"]["groups"]
