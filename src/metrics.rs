@@ -32,8 +32,8 @@ pub struct Metrics {
     /// Policy reloads by result (`ok`, `error`).
     pub reloads: IntCounterVec,
     /// Checks answered by `on_unavailable` because their shard had no leader or quorum, by
-    /// answer (`deny`, `allow`, `local`; `unknown`: a check with a request id whose outcome
-    /// could not be learned, answered as unavailable).
+    /// answer (`deny`, `allow`, `local`; `unknown`: a check with a request id under `deny`
+    /// or `local`, answered as unavailable).
     pub unavailable: IntCounterVec,
     /// Checks a cluster member denied from the denials it learned from other nodes'
     /// leaders, without forwarding them.
@@ -144,7 +144,7 @@ impl Metrics {
             ),
             unavailable: counter_vec(
                 "quorate_unavailable_answers_total",
-                "Checks answered by on_unavailable (no leader or no quorum), by answer",
+                "Checks a shard could not decide in time (no leader or no quorum), by answer (deny, allow, local; unknown: with a request id, answered as unavailable)",
                 &["answer"],
             ),
             denials_cached: counter(

@@ -516,16 +516,18 @@ async fn a_strict_leader_cut_off_from_its_followers_acknowledges_nothing() {
     );
 }
 
-/// A check with a request id whose forward the leader did not answer in time (paused, not
-/// deposed) may still be applied: it is answered as unavailable (`TRYAGAIN`), not with
-/// `on_unavailable`'s denial, so its caller retries under the same id and gets the admission
-/// the leader made, spending once. A denial would have `check_with_retry` retry under a new id
-/// (the first answer to an id is kept, a denial too) and spend twice: seen in CI as one
-/// admission too many after a kill -9, in `a_client_of_all_three_rides_through_...`. A check
-/// without an id still gets the denial.
+/// A check with a request id that its shard cannot decide in time is answered as unavailable
+/// (`TRYAGAIN`), not with `on_unavailable`'s denial: it, or an earlier attempt under its id,
+/// may have been admitted. Its caller then retries under the same id and gets that admission,
+/// spending once. A denial would have `check_with_retry` retry under a new id (the first
+/// answer to an id is kept, a denial too) and spend twice: seen in CI as one admission too
+/// many after a kill -9, in `a_client_of_all_three_rides_through_...`. Two cases: the leader
+/// paused (the forward is sent, no answer: it is admitted once resumed), and the leader
+/// killed (nothing can be sent; the id's earlier attempt may have been admitted all the same).
+/// A check without an id still gets the denial.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_check_with_a_request_id_whose_outcome_is_unknown_is_retried_not_denied() {
-    let cluster = blocking(move || Cluster::start(3, &policies(), &SLOW_ELECTIONS));
+    let mut cluster = blocking(move || Cluster::start(3, &policies(), &SLOW_ELECTIONS));
     let (limit, key) = ("log", "unknown");
     let group = shard(limit, key);
     let started = Instant::now();
@@ -538,26 +540,33 @@ async fn a_check_with_a_request_id_whose_outcome_is_unknown_is_retried_not_denie
     };
     let member = (0..3).find(|&i| i != leader).unwrap();
     let c = client(cluster.members[member].resp);
-    let plain = (0..)
-        .map(|n| format!("plain-{n}"))
-        .find(|k| shard(limit, k) == group)
-        .unwrap();
-    // Through the member once, so its peer connection to the leader is up and in use.
-    assert!(c.check(&[(limit, "warm", 1)], None).await.unwrap().allowed);
+    let on_group: Vec<String> = (0..)
+        .map(|n| format!("k-{n}"))
+        .filter(|k| shard(limit, k) == group)
+        .take(3)
+        .collect();
+    let [warm, plain, other] = [&on_group[0], &on_group[1], &on_group[2]];
+    // Through the member to the leader once, so their peer connection is up and in use.
+    assert!(c.check(&[(limit, warm, 1)], None).await.unwrap().allowed);
+    let unknown = |answer: &Result<_, quorate::client::ClientError>, what: &str| match answer {
+        Err(e) => assert!(
+            e.is_retryable() && e.to_string().contains("same request id"),
+            "{what}: {e}"
+        ),
+        Ok(a) => {
+            panic!("{what}: a check with an id the shard could not decide was answered: {a:?}")
+        }
+    };
     // Paused well inside the election timeout (2 s to 4 s): still the leader when resumed.
     blocking(|| cluster.signal(leader, SIGSTOP));
     let with_id = c.check(&[(limit, key, 1)], Some("unknown-1")).await;
-    let without = c.check(&[(limit, &plain, 1)], None).await;
+    let without = c.check(&[(limit, plain, 1)], None).await;
     blocking(|| cluster.signal(leader, SIGCONT));
-    match &with_id {
-        Err(e) => assert!(
-            e.is_retryable() && e.to_string().contains("same request id"),
-            "{e}"
-        ),
-        Ok(a) => panic!("a check of unknown outcome was answered: {a:?}"),
-    }
+    unknown(&with_id, "paused leader");
     assert!(
-        without.as_ref().is_ok_and(|a| !a.allowed),
+        without
+            .as_ref()
+            .is_ok_and(|a: &quorate::client::CheckAnswer| !a.allowed),
         "on_unavailable = deny: {without:?}"
     );
     let retry = quorate::client::retry::RetryPolicy {
@@ -570,12 +579,17 @@ async fn a_check_with_a_request_id_whose_outcome_is_unknown_is_retried_not_denie
         .await;
     assert!(again.as_ref().is_ok_and(|a| a.allowed), "{again:?}");
     assert_eq!(remaining(&c, limit, key).await, 9, "spent once");
+    // Killed: the member cannot even send (no new leader for 2 s at least), so this attempt
+    // certainly was not applied; an earlier one under the same id might have been.
+    blocking(|| cluster.kill9(leader));
+    let with_id = c.check(&[(limit, other, 1)], Some("unknown-2")).await;
+    unknown(&with_id, "killed leader");
     assert!(
         metric(
             &cluster,
             member,
             "quorate_unavailable_answers_total{answer=\"unknown\"}"
-        ) >= 1
+        ) >= 2
     );
 }
 

@@ -6,6 +6,7 @@
 //! A failing seed prints the command that reproduces it (`quorate sim cluster --seed N ...`).
 
 use quorate::sim::cluster::{
+    history::Outcome,
     reproduce, run, same_trace,
     sweep::{run_in_child, sweep, Plan},
     ClockStep, Controls, Options, Report, Target,
@@ -107,7 +108,7 @@ fn sweep_under_heavy_fast_load_finds_no_violation() {
 /// and they ride through the crashes that fail single-node clients. Seed 6 crashes a node
 /// while clients wait on it: its clients of one node each see calls fail or end unknown
 /// (the control, run here too, so the seed is seen to test failover), while the failover
-/// clients lose none. `.ci/run` runs 50 more seeds of this kind on the release build.
+/// clients lose none (a `TRYAGAIN` from a shard between leaders is an answer, not a loss). `.ci/run` runs 50 more seeds of this kind on the release build.
 #[test]
 fn failover_clients_find_no_violation_and_ride_through_crashes() {
     let base = Options {
@@ -129,17 +130,32 @@ fn failover_clients_find_no_violation_and_ride_through_crashes() {
     assert_clean(&f, &failover);
     assert!(f.history.trace.contains("nemesis crash"));
     assert!(
-        p.ops.failed + p.ops.unknown > 0,
+        !lost(&p).is_empty(),
         "seed 6 no longer fails a single-node client ({:?}): pick a seed that does",
         p.ops
     );
-    assert_eq!(
-        (f.ops.failed, f.ops.unknown),
-        (0, 0),
-        "failover clients lost calls in {}",
+    let lost = lost(&f);
+    assert!(
+        lost.is_empty(),
+        "failover clients lost calls in {}: {lost:#?}",
         reproduce(&failover)
     );
     assert!(f.ops.invoked > p.ops.invoked, "{:?} vs {:?}", f.ops, p.ops);
+}
+
+/// The calls of a run that failed, or whose outcome the client could not learn: not the
+/// `TRYAGAIN` of a shard between leaders (every check here has a request id, so that is the
+/// cluster's answer to a shard it cannot decide in time, not a call lost on the way).
+fn lost(r: &Report) -> Vec<&quorate::sim::cluster::history::Op> {
+    r.history
+        .ops
+        .iter()
+        .filter(|o| match &o.outcome {
+            Outcome::Failed(_) | Outcome::Pending => true,
+            Outcome::Unknown(e) => !e.contains("could not decide in time"),
+            _ => false,
+        })
+        .collect()
 }
 
 /// A cluster created with slot sharding (Redis Cluster's hash slots, `--sharding slots`),

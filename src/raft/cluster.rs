@@ -48,7 +48,7 @@ use openraft::{BasicNode, Raft, ServerState};
 use serde::Serialize;
 use std::collections::BTreeMap;
 use std::path::PathBuf;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 use tokio::sync::{oneshot, Notify, Semaphore};
@@ -669,9 +669,8 @@ impl Cluster {
         }
         // One deadline for the whole call: waiting for a leader, proposing or forwarding, and
         // retrying what was certainly not applied. Past it (or on an outcome that may have
-        // been applied), `on_unavailable` answers; except that a check with a request id
-        // whose outcome may have been applied is `Applied::Unknown` (see `fallback`).
-        let maybe_applied = AtomicBool::new(false);
+        // been applied), `on_unavailable` answers (for a check with a request id under
+        // `deny` or `local`: `Applied::Unknown`, see `fallback`).
         let attempt = async {
             let mut hint = leader;
             loop {
@@ -679,8 +678,6 @@ impl Cluster {
                     Some(id) => id,
                     None => self.wait_for_leader(&group).await?,
                 };
-                // From here until an answer says otherwise, the commands may be applied.
-                maybe_applied.store(true, Ordering::Relaxed);
                 let result = if id == me {
                     self.propose(&group, commands.clone(), fast).await
                 } else {
@@ -691,13 +688,6 @@ impl Cluster {
                     }
                     answer
                 };
-                if matches!(
-                    result,
-                    Err(ForwardError::NotLeader { .. } | ForwardError::Unavailable(_))
-                ) {
-                    // Certainly not applied: refused, or never sent.
-                    maybe_applied.store(false, Ordering::Relaxed);
-                }
                 match result {
                     Ok(applied) => return Some(applied),
                     Err(ForwardError::NotLeader { leader }) => {
@@ -720,7 +710,7 @@ impl Cluster {
         };
         match tokio::time::timeout(self.config.unavailable_after, attempt).await {
             Ok(Some(applied)) => Ok(applied),
-            _ => Ok(self.fallback(&group, &commands, maybe_applied.load(Ordering::Relaxed))),
+            _ => Ok(self.fallback(&group, &commands)),
         }
     }
 
@@ -828,13 +818,13 @@ impl Cluster {
         }
     }
 
-    /// The policy's `on_unavailable` answer for each command. When the commands may have
-    /// been applied (`maybe_applied`: sent to a leader that did not answer), a check with a
-    /// request id under `deny` or `local` is `Applied::Unknown` instead: a denial would tell
-    /// its caller that nothing was spent, and a caller retrying a denial uses a new id
-    /// (the id's first answer is that denial), so an admission the leader did make would be
-    /// spent again. Under `allow` it is admitted as usual (the caller does not retry).
-    fn fallback(&self, group: &Group, commands: &[Command], maybe_applied: bool) -> Vec<Applied> {
+    /// The policy's `on_unavailable` answer for each command; except that a check with a
+    /// request id under `deny` or `local` is `Applied::Unknown`. A denial tells its caller
+    /// that nothing was spent, and a caller retries a denial under a new id (the id's first
+    /// answer is kept, a denial too); but this attempt (sent to a leader that did not answer)
+    /// or an earlier one under the same id (whose answer was lost) may have been admitted,
+    /// and the retry would spend again. Under `allow` it is admitted as usual.
+    fn fallback(&self, group: &Group, commands: &[Command]) -> Vec<Applied> {
         let members = Cluster::voters(group).len().max(1) as u64;
         let now = self.clock.monotonic();
         commands
@@ -847,7 +837,7 @@ impl Cluster {
                     on_full,
                     request_id,
                 } => {
-                    if maybe_applied && request_id.is_some() && *on_full != OnUnavailable::Allow {
+                    if request_id.is_some() && *on_full != OnUnavailable::Allow {
                         self.metrics
                             .unavailable
                             .with_label_values(&["unknown"])

@@ -125,10 +125,9 @@ fn no_answer_within(timeout: std::time::Duration) -> String {
     format!("no answer from a shard within {timeout:?}")
 }
 
-/// Why a check with a request id is unavailable when its shard could not learn whether the
-/// leader applied it (`Applied::Unknown`).
-const OUTCOME_UNKNOWN: &str =
-    "the outcome is unknown (the shard's leader did not answer in time); retry with the same request id";
+/// Why a check with a request id is unavailable when its shard could not decide it in time
+/// (`Applied::Unknown`).
+const OUTCOME_UNKNOWN: &str = "the shard could not decide in time, and an attempt under this request id may have been admitted: retry with the same request id";
 
 /// A check's request id and its resolved items, or the error that refused it.
 type ResolvedCheck = (Option<String>, Result<Vec<Resolved>, CheckError>);

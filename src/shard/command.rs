@@ -137,11 +137,12 @@ pub enum Applied {
     },
     Refunded,
     Evicted(u64),
-    /// A check with a request id that may have been applied, or not: the cluster could not
-    /// learn its outcome in time (sent to the leader, then no answer). Never in a log entry's
-    /// results; the service answers it as unavailable, so that the caller retries with the
-    /// same id and gets the first answer (an `on_unavailable` denial would have it retry
-    /// under a new id, and spend twice).
+    /// A check with a request id that its shard could not decide in time (no leader, no
+    /// quorum, no answer), under `on_unavailable` `deny` or `local`: it, or an earlier attempt
+    /// under its id, may have been applied. Never in a log entry's results; the service
+    /// answers it as unavailable, so that the caller retries under the same id and gets the
+    /// first answer (an `on_unavailable` denial would have it retry under a new id, and
+    /// spend twice).
     Unknown,
 }
 
