@@ -579,9 +579,14 @@ async fn a_check_with_a_request_id_whose_outcome_is_unknown_is_retried_not_denie
         .await;
     assert!(again.as_ref().is_ok_and(|a| a.allowed), "{again:?}");
     assert_eq!(remaining(&c, limit, key).await, 9, "spent once");
-    // Killed: the member cannot even send (no new leader for 2 s at least), so this attempt
-    // certainly was not applied; an earlier one under the same id might have been.
+    // Killed: once the member has seen its peer connection close, it cannot even send (no
+    // new leader for 2 s at least), so this attempt certainly was not applied; an earlier
+    // one under the same id might have been. (An election during the pause would have moved
+    // the leader: the one killed is the one leading now.)
+    let leader = blocking(|| cluster.leader_of(member, group)).expect("a leader") as usize - 1;
+    assert_ne!(leader, member);
     blocking(|| cluster.kill9(leader));
+    tokio::time::sleep(Duration::from_millis(200)).await;
     let with_id = c.check(&[(limit, other, 1)], Some("unknown-2")).await;
     unknown(&with_id, "killed leader");
     assert!(
@@ -1083,6 +1088,28 @@ async fn without_a_quorum_checks_get_their_on_unavailable_answer_in_bounded_time
     let (local, s3) = ask("down_local", 20).await;
     slowest = slowest.max(s1).max(s2).max(s3);
     assert_eq!((deny, allow, local), (0, 5, 10));
+    // With a request id no denial is given (docs/semantics.md): `deny` is TRYAGAIN; `local`
+    // admits within its share (key "y" is fresh) and is TRYAGAIN past it (key "x" spent its
+    // 10 above); `allow` admits.
+    let with_id = |limit: &'static str, key: &'static str, id: &'static str| {
+        let alone = alone.clone();
+        async move { alone.check(&[(limit, key, 1)], Some(id)).await }
+    };
+    for (limit, key) in [("down_deny", "y"), ("down_local", "x")] {
+        let a = with_id(limit, key, "q-1").await;
+        assert!(
+            a.as_ref()
+                .is_err_and(|e| e.is_retryable() && e.to_string().contains("same request id")),
+            "{limit} {key} with an id: {a:?}"
+        );
+    }
+    for (limit, key) in [("down_allow", "y"), ("down_local", "y")] {
+        let a = with_id(limit, key, "q-2").await;
+        assert!(
+            a.as_ref().is_ok_and(|a| a.allowed),
+            "{limit} {key} with an id: {a:?}"
+        );
+    }
     // --unavailable-after is 500 ms by default.
     assert!(
         slowest < Duration::from_millis(1500),
@@ -1091,7 +1118,8 @@ async fn without_a_quorum_checks_get_their_on_unavailable_answer_in_bounded_time
     let metrics =
         blocking(|| cluster_support::http(cluster.members[0].http, "GET", "/metrics", ""));
     assert!(
-        metrics.contains("quorate_unavailable_answers_total{answer=\"allow\"} 5"),
+        metrics.contains("quorate_unavailable_answers_total{answer=\"allow\"} 6")
+            && metrics.contains("quorate_unavailable_answers_total{answer=\"unknown\"} 2"),
         "{}",
         metrics
             .lines()

@@ -152,7 +152,7 @@ fn lost(r: &Report) -> Vec<&quorate::sim::cluster::history::Op> {
         .iter()
         .filter(|o| match &o.outcome {
             Outcome::Failed(_) | Outcome::Pending => true,
-            Outcome::Unknown(e) => !e.contains("could not decide in time"),
+            Outcome::Unknown(e) => !e.contains(quorate::service::OUTCOME_UNKNOWN),
             _ => false,
         })
         .collect()

@@ -11,8 +11,8 @@
 //! the committed state with the same entries applied in the same order at the same times, so
 //! where the log holds a leader's answer it gives the same answer. This assumes the
 //! simulation's policies keep `on_unavailable = "deny"`: an `allow` or `local` fallback admits
-//! without the log, while a forward whose outcome was unknown may still have been applied, as a
-//! denial.) The speculative state enforces the limit over everything in flight, so each lost
+//! without the log. Under `deny` a check with a request id, as all of these are, that its shard
+//! cannot decide gets `TRYAGAIN`, an unknown outcome, never a denial.) The speculative state enforces the limit over everything in flight, so each lost
 //! batch of in-flight entries hands out at most one key's capacity again, per window it spans
 //! for a fixed window (whose count starts again at each boundary). The answers a lost leader
 //! gave span at most its lease, under the election timeout, so the bound checked here is

@@ -155,6 +155,9 @@ pub struct OpCounts {
     pub denied: u64,
     pub failed: u64,
     pub unknown: u64,
+    /// Of the unknown outcomes, the `TRYAGAIN` answers of a shard that could not decide in
+    /// time (every check here has a request id, so it gets that, not a denial).
+    pub undecided: u64,
     /// Unknown outcomes the applied logs show were admitted.
     pub unknown_admitted: u64,
 }
@@ -543,6 +546,10 @@ fn run_checked(opts: &Options) -> Report {
             Outcome::Failed(_) => ops.failed += 1,
             Outcome::Unknown(_) | Outcome::Pending => {
                 ops.unknown += 1;
+                if matches!(&op.outcome, Outcome::Unknown(e) if e.contains(crate::service::OUTCOME_UNKNOWN))
+                {
+                    ops.undecided += 1;
+                }
                 if matches!(
                     decisions.get(format!("{}#0", op.id).as_str()),
                     Some((true, _))

@@ -226,6 +226,7 @@ impl Sweep {
         o.denied += r.ops.denied;
         o.failed += r.ops.failed;
         o.unknown += r.ops.unknown;
+        o.undecided += r.ops.undecided;
         o.unknown_admitted += r.ops.unknown_admitted;
         if !r.violations.is_empty() {
             self.failing.push((r.seed, r.violations));
@@ -245,8 +246,8 @@ impl Sweep {
         );
         let _ = writeln!(
             t,
-            "operations: {} invoked, {} allowed, {} denied, {} failed, {} unknown ({} of them applied as admissions)",
-            o.invoked, o.allowed, o.denied, o.failed, o.unknown, o.unknown_admitted
+            "operations: {} invoked, {} allowed, {} denied, {} failed, {} unknown ({} of them TRYAGAIN from a shard that could not decide in time; {} applied as admissions)",
+            o.invoked, o.allowed, o.denied, o.failed, o.unknown, o.undecided, o.unknown_admitted
         );
         let _ = writeln!(
             t,

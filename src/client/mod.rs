@@ -34,7 +34,8 @@
 //!   old, if an earlier node accepts a connection within half the call's time left (else it
 //!   is kept): the client returns to the first node once it is back.
 //! - A member that answers is used, whatever it answers: one cut off from the others
-//!   answers with its limits' `on_unavailable` (deny by default), and the client stays.
+//!   answers with its limits' `on_unavailable` (deny by default; a check with a request id
+//!   that would be denied gets `TRYAGAIN` instead), and the client stays.
 //! - With [`ClientConfig::routes_every`] (the default) each check goes to its shard's
 //!   leader instead of the first node up, through a client of its own that prefers that
 //!   node and fails over as above: see [`route`].

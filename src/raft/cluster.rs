@@ -22,7 +22,8 @@
 //!   the caller's batch, with a timeout; a `NotLeader` answer with a hint is followed once.
 //! - no leader or no quorum within `unavailable_after`: each check is answered by its
 //!   policy's `on_unavailable` (deny; allow, counted; or local: this node enforces
-//!   `limit / members` by itself on its own table until the shard is back).
+//!   `limit / members` by itself on its own table until the shard is back); a check with a
+//!   request id is never denied there, but answered as unavailable (see `fallback`).
 //!
 //! Shard time: a leader stamps batches with `max(last, base + monotonic elapsed)` where
 //! `base` is the shard time of the last entry it applied when it took office, so a new
@@ -819,11 +820,12 @@ impl Cluster {
     }
 
     /// The policy's `on_unavailable` answer for each command; except that a check with a
-    /// request id under `deny` or `local` is `Applied::Unknown`. A denial tells its caller
-    /// that nothing was spent, and a caller retries a denial under a new id (the id's first
-    /// answer is kept, a denial too); but this attempt (sent to a leader that did not answer)
-    /// or an earlier one under the same id (whose answer was lost) may have been admitted,
-    /// and the retry would spend again. Under `allow` it is admitted as usual.
+    /// request id is never denied here: under `deny`, and under `local` when the local share
+    /// would deny, it is `Applied::Unknown`. A denial tells its caller that nothing was
+    /// spent, and a caller retries a denial under a new id (the id's first answer is kept, a
+    /// denial too); but this attempt (sent to a leader that did not answer) or an earlier one
+    /// under the same id (whose answer was lost) may have been admitted, and the retry would
+    /// spend again. An admission (`allow`, or `local` within the share) is not retried.
     fn fallback(&self, group: &Group, commands: &[Command]) -> Vec<Applied> {
         let members = Cluster::voters(group).len().max(1) as u64;
         let now = self.clock.monotonic();
@@ -837,20 +839,6 @@ impl Cluster {
                     on_full,
                     request_id,
                 } => {
-                    if request_id.is_some() && *on_full != OnUnavailable::Allow {
-                        self.metrics
-                            .unavailable
-                            .with_label_values(&["unknown"])
-                            .inc();
-                        return Applied::Unknown;
-                    }
-                    self.fallbacks.fetch_add(1, Ordering::Relaxed);
-                    let label = match on_full {
-                        OnUnavailable::Deny => "deny",
-                        OnUnavailable::Allow => "allow",
-                        OnUnavailable::Local => "local",
-                    };
-                    self.metrics.unavailable.with_label_values(&[label]).inc();
                     let decision = match on_full {
                         OnUnavailable::Local => {
                             let share = limit.share(members);
@@ -865,6 +853,8 @@ impl Cluster {
                                 }],
                                 later: Vec::new(),
                             };
+                            // A denial spends nothing of the share (denials change no
+                            // state), so one with a request id can become `Unknown` below.
                             match lock(&group.local).apply(&batch).pop() {
                                 Some(Applied::Decided { decision, .. }) => decision,
                                 _ => unavailable(limit.capacity(), false),
@@ -872,6 +862,20 @@ impl Cluster {
                         }
                         other => unavailable(limit.capacity(), *other == OnUnavailable::Allow),
                     };
+                    if request_id.is_some() && decision.outcome == Outcome::Denied {
+                        self.metrics
+                            .unavailable
+                            .with_label_values(&["unknown"])
+                            .inc();
+                        return Applied::Unknown;
+                    }
+                    self.fallbacks.fetch_add(1, Ordering::Relaxed);
+                    let label = match on_full {
+                        OnUnavailable::Deny => "deny",
+                        OnUnavailable::Allow => "allow",
+                        OnUnavailable::Local => "local",
+                    };
+                    self.metrics.unavailable.with_label_values(&[label]).inc();
                     Applied::Decided {
                         decision,
                         replayed: false,

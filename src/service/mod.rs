@@ -127,7 +127,7 @@ fn no_answer_within(timeout: std::time::Duration) -> String {
 
 /// Why a check with a request id is unavailable when its shard could not decide it in time
 /// (`Applied::Unknown`).
-const OUTCOME_UNKNOWN: &str = "the shard could not decide in time, and an attempt under this request id may have been admitted: retry with the same request id";
+pub const OUTCOME_UNKNOWN: &str = "the shard could not decide in time, and an attempt under this request id may have been admitted: retry with the same request id";
 
 /// A check's request id and its resolved items, or the error that refused it.
 type ResolvedCheck = (Option<String>, Result<Vec<Resolved>, CheckError>);
