@@ -32,8 +32,8 @@ pub struct Metrics {
     /// Policy reloads by result (`ok`, `error`).
     pub reloads: IntCounterVec,
     /// Checks answered by `on_unavailable` because their shard had no leader or quorum, by
-    /// answer (`deny`, `allow`, `local`; `unknown`: a check with a request id under `deny`
-    /// or `local`, answered as unavailable).
+    /// answer (`deny`, `allow`, `local`; `unknown`: a check with a request id that `deny`, or
+    /// `local` past its share, would deny, answered as unavailable).
     pub unavailable: IntCounterVec,
     /// Checks a cluster member denied from the denials it learned from other nodes'
     /// leaders, without forwarding them.

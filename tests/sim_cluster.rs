@@ -108,7 +108,8 @@ fn sweep_under_heavy_fast_load_finds_no_violation() {
 /// and they ride through the crashes that fail single-node clients. Seed 6 crashes a node
 /// while clients wait on it: its clients of one node each see calls fail or end unknown
 /// (the control, run here too, so the seed is seen to test failover), while the failover
-/// clients lose none (a `TRYAGAIN` from a shard between leaders is an answer, not a loss). `.ci/run` runs 50 more seeds of this kind on the release build.
+/// clients lose none (a `TRYAGAIN` from a shard between leaders is an answer, not a loss).
+/// `.ci/run` runs 50 more seeds of this kind on the release build.
 #[test]
 fn failover_clients_find_no_violation_and_ride_through_crashes() {
     let base = Options {
@@ -152,7 +153,7 @@ fn lost(r: &Report) -> Vec<&quorate::sim::cluster::history::Op> {
         .iter()
         .filter(|o| match &o.outcome {
             Outcome::Failed(_) | Outcome::Pending => true,
-            Outcome::Unknown(e) => !e.contains(quorate::service::OUTCOME_UNKNOWN),
+            Outcome::Unknown(_) => !o.outcome.is_undecided(),
             _ => false,
         })
         .collect()

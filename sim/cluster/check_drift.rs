@@ -11,9 +11,10 @@
 //!
 //! where `d` is the fastest drift any node had (`Options::drift_bound_ppm`). Each admission
 //! is placed by its shard time, and its true time is only known to lie between the call's
-//! invocation and its "allowed" answer (the end of the run for any other outcome: a
-//! fallback denial or an unknown outcome may be applied later), so a span is taken at its
-//! widest: from the earlier admission's invocation to the later one's answer.
+//! invocation and its "allowed" answer (the end of the run for any other outcome: an unknown
+//! outcome may be applied later; the checks here carry request ids, so they get no fallback
+//! denial, and a denial is not applied as an admission, `check_lost`), so a span is taken at
+//! its widest: from the earlier admission's invocation to the later one's answer.
 
 use super::history::{AppliedLog, Op, Outcome};
 use crate::limiter::{Algorithm, Limit, Nanos};
@@ -31,8 +32,8 @@ pub fn check(
     drift_bound_ppm: i64,
     is_strict: impl Fn(&str) -> bool,
 ) -> Vec<String> {
-    // Only an "allowed" answer says the decision was made by then: a fallback denial
-    // (`on_unavailable`) or an unknown outcome may be applied, as an admission, after it.
+    // Only an "allowed" answer says the decision was made by then: an unknown outcome may be
+    // applied, as an admission, after it (taking every other outcome so is the safe side).
     let calls: BTreeMap<String, (Nanos, Nanos)> = ops
         .iter()
         .map(|o| {

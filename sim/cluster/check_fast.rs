@@ -12,10 +12,11 @@
 //! where the log holds a leader's answer it gives the same answer. This assumes the
 //! simulation's policies keep `on_unavailable = "deny"`: an `allow` or `local` fallback admits
 //! without the log. Under `deny` a check with a request id, as all of these are, that its shard
-//! cannot decide gets `TRYAGAIN`, an unknown outcome, never a denial.) The speculative state enforces the limit over everything in flight, so each lost
-//! batch of in-flight entries hands out at most one key's capacity again, per window it spans
-//! for a fixed window (whose count starts again at each boundary). The answers a lost leader
-//! gave span at most its lease, under the election timeout, so the bound checked here is
+//! cannot decide gets `TRYAGAIN`, an unknown outcome, never a denial.) The speculative
+//! state enforces the limit over everything in flight, so each lost batch of in-flight
+//! entries hands out at most one key's capacity again, per window it spans for a fixed
+//! window (whose count starts again at each boundary). The answers a lost leader gave span
+//! at most its lease, under the election timeout, so the bound checked here is
 //! `excess(key) <= allowance x (leader changes + leader crashes of the key's shard)` (zero
 //! excess without either), the allowance being the capacity, times
 //! `ceil(election timeout / period) + 1` for a fixed window. A leader crash counts even when

@@ -28,6 +28,14 @@ pub enum Outcome {
     Unknown(String),
 }
 
+impl Outcome {
+    /// The `TRYAGAIN` of a shard that could not decide a check with a request id in time
+    /// (`service::OUTCOME_UNKNOWN`): the cluster's answer, not a call lost on the way.
+    pub fn is_undecided(&self) -> bool {
+        matches!(self, Outcome::Unknown(e) if e.contains(crate::service::OUTCOME_UNKNOWN))
+    }
+}
+
 /// One client operation: one single-item check with a unique request id.
 #[derive(Debug, Clone)]
 pub struct Op {

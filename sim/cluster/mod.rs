@@ -546,8 +546,7 @@ fn run_checked(opts: &Options) -> Report {
             Outcome::Failed(_) => ops.failed += 1,
             Outcome::Unknown(_) | Outcome::Pending => {
                 ops.unknown += 1;
-                if matches!(&op.outcome, Outcome::Unknown(e) if e.contains(crate::service::OUTCOME_UNKNOWN))
-                {
+                if op.outcome.is_undecided() {
                     ops.undecided += 1;
                 }
                 if matches!(

@@ -76,6 +76,23 @@ pub struct Decision {
 }
 
 impl Decision {
+    /// The answer when a shard cannot decide (`on_unavailable`): denied, retry in a second;
+    /// or admitted. `limit` is the policy's capacity.
+    pub fn unavailable(limit: u64, allow: bool) -> Self {
+        Decision {
+            outcome: if allow {
+                Outcome::Allowed
+            } else {
+                Outcome::Denied
+            },
+            limit,
+            remaining: 0,
+            reset_after: 0,
+            retry_after: if allow { 0 } else { SECOND },
+            delay: 0,
+        }
+    }
+
     /// True when the request was admitted (possibly with a [`Decision::delay`]).
     pub fn allowed(&self) -> bool {
         self.outcome == Outcome::Allowed

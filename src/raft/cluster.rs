@@ -38,7 +38,7 @@ use super::rpc::{
 use super::state_machine::{MachineInfo, ShardMachine};
 use super::types::{Applies, GroupId, NodeId, TypeConfig};
 use crate::clock::{ShardTime, SharedClock};
-use crate::limiter::{Decision, Nanos, Outcome, SECOND};
+use crate::limiter::{Decision, Nanos, Outcome};
 use crate::metrics::Metrics;
 use crate::policy::OnUnavailable;
 use crate::shard::actor::ShardError;
@@ -670,8 +670,8 @@ impl Cluster {
         }
         // One deadline for the whole call: waiting for a leader, proposing or forwarding, and
         // retrying what was certainly not applied. Past it (or on an outcome that may have
-        // been applied), `on_unavailable` answers (for a check with a request id under
-        // `deny` or `local`: `Applied::Unknown`, see `fallback`).
+        // been applied), `on_unavailable` answers (a check with a request id that it would
+        // deny: `Applied::Unknown`, see `fallback`).
         let attempt = async {
             let mut hint = leader;
             loop {
@@ -856,11 +856,21 @@ impl Cluster {
                             // A denial spends nothing of the share (denials change no
                             // state), so one with a request id can become `Unknown` below.
                             match lock(&group.local).apply(&batch).pop() {
-                                Some(Applied::Decided { decision, .. }) => decision,
-                                _ => unavailable(limit.capacity(), false),
+                                // The share's capacity is part of the limit's: a cost above
+                                // it but within the limit's the shard could admit, so this is
+                                // "not now", not "never".
+                                Some(Applied::Decided { decision, .. })
+                                    if decision.outcome != Outcome::Never
+                                        || *cost > limit.capacity() =>
+                                {
+                                    decision
+                                }
+                                _ => Decision::unavailable(limit.capacity(), false),
                             }
                         }
-                        other => unavailable(limit.capacity(), *other == OnUnavailable::Allow),
+                        other => {
+                            Decision::unavailable(limit.capacity(), *other == OnUnavailable::Allow)
+                        }
                     };
                     if request_id.is_some() && decision.outcome == Outcome::Denied {
                         self.metrics
@@ -1031,22 +1041,6 @@ impl Cluster {
             let _ = g.raft.shutdown().await;
             g.proposer.wake.notify_one();
         }
-    }
-}
-
-/// The answer when a shard cannot decide: deny (retry in a second) or allow.
-fn unavailable(limit: u64, allow: bool) -> Decision {
-    Decision {
-        outcome: if allow {
-            Outcome::Allowed
-        } else {
-            Outcome::Denied
-        },
-        limit,
-        remaining: 0,
-        reset_after: 0,
-        retry_after: if allow { 0 } else { SECOND },
-        delay: 0,
     }
 }
 

@@ -13,7 +13,7 @@ pub(crate) use resolve::inline_route;
 
 use crate::clock::{LazyTimer, SharedClock};
 use crate::config::NodeConfig;
-use crate::limiter::Outcome;
+use crate::limiter::{Decision, Outcome};
 use crate::metrics::Metrics;
 use crate::policy::PolicySet;
 use crate::raft::cluster::{Cluster, GroupStatus};
@@ -128,6 +128,33 @@ fn no_answer_within(timeout: std::time::Duration) -> String {
 /// Why a check with a request id is unavailable when its shard could not decide it in time
 /// (`Applied::Unknown`).
 pub const OUTCOME_UNKNOWN: &str = "the shard could not decide in time, and an attempt under this request id may have been admitted: retry with the same request id";
+
+/// Settles the `Applied::Unknown` results of one check's items (a check with a request id
+/// that its shard could not decide in time, `Cluster::fallback`): a shadow item's becomes the
+/// denial `on_unavailable` gives (a shadow limit never denies the request, and nobody retries
+/// its denial); any other makes the whole check unavailable, the error returned.
+fn settle_unknown(items: &[Resolved], results: &mut [Option<Applied>]) -> Result<(), CheckError> {
+    let mut undecided = false;
+    for (item, result) in items.iter().zip(results.iter_mut()) {
+        if matches!(result, Some(Applied::Unknown)) {
+            if item.shadow {
+                *result = Some(Applied::Decided {
+                    decision: Decision::unavailable(item.limit.capacity(), false),
+                    replayed: false,
+                    fallback: true,
+                    at: 0,
+                });
+            } else {
+                undecided = true;
+            }
+        }
+    }
+    if undecided {
+        Err(CheckError::Unavailable(OUTCOME_UNKNOWN.into()))
+    } else {
+        Ok(())
+    }
+}
 
 /// A check's request id and its resolved items, or the error that refused it.
 type ResolvedCheck = (Option<String>, Result<Vec<Resolved>, CheckError>);
@@ -347,11 +374,10 @@ impl Service {
             Some(Err(e)) => return Err(CheckError::Unavailable(e.to_string())),
             None => return Err(CheckError::Unavailable(no_answer_within(timeout))),
         };
-        if matches!(applied, Some(Applied::Unknown)) {
-            return Err(CheckError::Unavailable(OUTCOME_UNKNOWN.into()));
-        }
+        let mut results = [applied];
+        settle_unknown(&items, &mut results)?;
         let mut counted = DecisionTally::default();
-        let response = self.respond(&mut items, &[applied], started, &mut counted);
+        let response = self.respond(&mut items, &results, started, &mut counted);
         counted.add_to(&self.inner.metrics.decisions);
         // A denied one-item check consumed nothing: nothing to refund.
         Ok(response)
@@ -436,15 +462,17 @@ impl Service {
         let mut refunds: BTreeMap<u32, Vec<Command>> = BTreeMap::new();
         let mut counted = DecisionTally::default();
         for (r, items) in resolved.iter_mut().enumerate() {
-            let results = &results[first[r]..first[r] + items.len()];
-            if answers[r].is_none() && results.iter().any(|a| matches!(a, Some(Applied::Unknown))) {
-                answers[r] = Some(Err(CheckError::Unavailable(OUTCOME_UNKNOWN.into())));
+            let results = &mut results[first[r]..first[r] + items.len()];
+            if answers[r].is_none() {
+                if let Err(e) = settle_unknown(items, results) {
+                    answers[r] = Some(Err(e));
+                }
             }
             if answers[r].is_some() {
                 // Invalid, or a shard failed: refund whatever other shards admitted. Not
-                // with a request id: each admission is remembered under it, and the
-                // caller's retry gets it again (a refunded one would then be spent by
-                // nobody); the shard that failed may have admitted too.
+                // with a request id: the shards remember each of its admissions under it,
+                // and the caller's retry gets them again (a refunded one would then be
+                // spent by nobody); the shard that failed may have admitted too.
                 if !with_id[r] {
                     self.collect_refunds(items, results, &mut refunds);
                 }
