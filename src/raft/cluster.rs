@@ -873,10 +873,7 @@ impl Cluster {
                         }
                     };
                     if request_id.is_some() && decision.outcome == Outcome::Denied {
-                        self.metrics
-                            .unavailable
-                            .with_label_values(&["unknown"])
-                            .inc();
+                        // Counted by the service, which answers it (`settle_unknown`).
                         return Applied::Unknown;
                     }
                     self.fallbacks.fetch_add(1, Ordering::Relaxed);

@@ -129,33 +129,6 @@ fn no_answer_within(timeout: std::time::Duration) -> String {
 /// (`Applied::Unknown`).
 pub const OUTCOME_UNKNOWN: &str = "the shard could not decide in time, and an attempt under this request id may have been admitted: retry with the same request id";
 
-/// Settles the `Applied::Unknown` results of one check's items (a check with a request id
-/// that its shard could not decide in time, `Cluster::fallback`): a shadow item's becomes the
-/// denial `on_unavailable` gives (a shadow limit never denies the request, and nobody retries
-/// its denial); any other makes the whole check unavailable, the error returned.
-fn settle_unknown(items: &[Resolved], results: &mut [Option<Applied>]) -> Result<(), CheckError> {
-    let mut undecided = false;
-    for (item, result) in items.iter().zip(results.iter_mut()) {
-        if matches!(result, Some(Applied::Unknown)) {
-            if item.shadow {
-                *result = Some(Applied::Decided {
-                    decision: Decision::unavailable(item.limit.capacity(), false),
-                    replayed: false,
-                    fallback: true,
-                    at: 0,
-                });
-            } else {
-                undecided = true;
-            }
-        }
-    }
-    if undecided {
-        Err(CheckError::Unavailable(OUTCOME_UNKNOWN.into()))
-    } else {
-        Ok(())
-    }
-}
-
 /// A check's request id and its resolved items, or the error that refused it.
 type ResolvedCheck = (Option<String>, Result<Vec<Resolved>, CheckError>);
 
@@ -375,12 +348,49 @@ impl Service {
             None => return Err(CheckError::Unavailable(no_answer_within(timeout))),
         };
         let mut results = [applied];
-        settle_unknown(&items, &mut results)?;
+        self.settle_unknown(&items, &mut results)?;
         let mut counted = DecisionTally::default();
         let response = self.respond(&mut items, &results, started, &mut counted);
         counted.add_to(&self.inner.metrics.decisions);
         // A denied one-item check consumed nothing: nothing to refund.
         Ok(response)
+    }
+
+    /// Settles the `Applied::Unknown` results of one check's items (a check with a request id
+    /// that its shard could not decide in time, `Cluster::fallback`): a shadow item's becomes
+    /// `on_unavailable`'s denial (a shadow limit never denies the request, and nobody retries
+    /// its denial), counted as `deny`; any other makes the whole check unavailable (the
+    /// error returned), counted as `unknown`, once per item.
+    fn settle_unknown(
+        &self,
+        items: &[Resolved],
+        results: &mut [Option<Applied>],
+    ) -> Result<(), CheckError> {
+        let mut undecided = false;
+        for (item, result) in items.iter().zip(results.iter_mut()) {
+            if !matches!(result, Some(Applied::Unknown)) {
+                continue;
+            }
+            let label = if item.shadow {
+                *result = Some(Applied::Decided {
+                    decision: Decision::unavailable(item.limit.capacity(), false),
+                    replayed: false,
+                    fallback: true,
+                    at: 0,
+                });
+                "deny"
+            } else {
+                undecided = true;
+                "unknown"
+            };
+            let unavailable = &self.inner.metrics.unavailable;
+            unavailable.with_label_values(&[label]).inc();
+        }
+        if undecided {
+            Err(CheckError::Unavailable(OUTCOME_UNKNOWN.into()))
+        } else {
+            Ok(())
+        }
     }
 
     /// Decides resolved checks (each with its request id, or the error that refused it):
@@ -464,7 +474,7 @@ impl Service {
         for (r, items) in resolved.iter_mut().enumerate() {
             let results = &mut results[first[r]..first[r] + items.len()];
             if answers[r].is_none() {
-                if let Err(e) = settle_unknown(items, results) {
+                if let Err(e) = self.settle_unknown(items, results) {
                     answers[r] = Some(Err(e));
                 }
             }
