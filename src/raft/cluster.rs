@@ -234,7 +234,6 @@ pub struct Cluster {
     clock: SharedClock,
     metrics: Metrics,
     bounds: Bounds,
-    fallbacks: AtomicU64,
     /// Denials learned from other nodes' leaders.
     denials: DenialCache,
     /// This node's RESP address, once its server is bound.
@@ -351,7 +350,6 @@ impl Cluster {
             clock,
             metrics,
             bounds,
-            fallbacks: AtomicU64::new(0),
             denials,
             resp_addr: std::sync::OnceLock::new(),
             peer_resp: Mutex::default(),
@@ -469,11 +467,6 @@ impl Cluster {
 
     pub fn bounds(&self) -> Bounds {
         self.bounds
-    }
-
-    /// Answers given by `on_unavailable` rather than by a committed entry.
-    pub fn fallbacks(&self) -> u64 {
-        self.fallbacks.load(Ordering::Relaxed)
     }
 
     /// The voters of a group, as this node last saw its membership.
@@ -876,7 +869,6 @@ impl Cluster {
                         // Counted by the service, which answers it (`settle_unknown`).
                         return Applied::Unknown;
                     }
-                    self.fallbacks.fetch_add(1, Ordering::Relaxed);
                     let label = match on_full {
                         OnUnavailable::Deny => "deny",
                         OnUnavailable::Allow => "allow",
