@@ -283,6 +283,7 @@ pub async fn start<P: Listener, C: Connector>(
         sync: settings.wal_sync,
         unsafe_volatile: !settings.wal_sync,
         writer_on_runtime: settings.hooks.io_on_runtime,
+        direct_io: settings.wal_direct_io,
         ..WalOptions::default()
     };
     if !settings.wal_sync {

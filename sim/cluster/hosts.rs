@@ -208,6 +208,7 @@ pub fn handles(
                 peer_addr: SocketAddr::new(*ip, PEER_PORT),
                 secret: "quorate-simulation-secret".into(),
                 wal_sync: !opts.controls.skip_fsync,
+                wal_direct_io: true,
                 heartbeat: Duration::from_millis(100),
                 election_timeout: ELECTION_TIMEOUT,
                 unavailable_after: Duration::from_millis(500),

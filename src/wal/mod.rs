@@ -124,6 +124,10 @@ pub struct WalOptions {
     /// Keep the segment file zero-filled this far ahead of the appends, so a sync need not
     /// write the file's size (see `Writer::extend`); 0 turns it off. Only with `sync`.
     pub preallocate_bytes: u64,
+    /// Append with `O_DIRECT` where the file system takes it (Linux; with `sync` and
+    /// preallocation in whole 4 KiB blocks): less CPU per synced append (see
+    /// `writer::Direct`). Falls back to the page cache by itself.
+    pub direct_io: bool,
 }
 
 impl Default for WalOptions {
@@ -137,6 +141,7 @@ impl Default for WalOptions {
             unsafe_volatile: false,
             writer_on_runtime: false,
             preallocate_bytes: 1 << 20,
+            direct_io: true,
         }
     }
 }
@@ -341,6 +346,7 @@ impl Wal {
             compact_bytes: options.compact_bytes,
             max_record_bytes: options.max_record_bytes,
             preallocate: options.preallocate_bytes,
+            direct_io: options.direct_io,
         };
         let segment = writer::Segment {
             dir: dir.to_path_buf(),
@@ -442,6 +448,16 @@ impl Wal {
             stats.appends.load(Ordering::Relaxed),
             stats.syncs.load(Ordering::Relaxed),
         )
+    }
+
+    /// Batches written with `O_DIRECT` so far ([`WalOptions::direct_io`]); 0 where the file
+    /// system refused it and the log appends through the page cache.
+    pub fn direct_writes(&self) -> u64 {
+        self.inner
+            .shared
+            .stats
+            .direct_writes
+            .load(Ordering::Relaxed)
     }
 
     /// Leaves a record to ride on the writer's next batch, written after that batch's

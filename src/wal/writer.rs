@@ -19,6 +19,7 @@
 use std::collections::BTreeMap;
 use std::fs::File;
 use std::io::{self, Seek, SeekFrom, Write};
+use std::os::unix::fs::FileExt;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
@@ -100,6 +101,8 @@ pub struct Stats {
     pub syncs: AtomicU64,
     /// Checkpoints written and switched to.
     pub compactions: AtomicU64,
+    /// Batches written with `O_DIRECT` (see [`Direct`]).
+    pub direct_writes: AtomicU64,
 }
 
 /// State the writer shares with the [`super::Wal`] handles.
@@ -145,6 +148,8 @@ pub struct Settings {
     pub max_record_bytes: u32,
     /// Zero-fill the segment this far ahead of the appends (0: off); see [`Writer::extend`].
     pub preallocate: u64,
+    /// Append with `O_DIRECT` where it can (see [`Direct`]).
+    pub direct_io: bool,
 }
 
 /// The segment being appended to.
@@ -203,6 +208,9 @@ struct Writer {
     cache: Vec<u8>,
     /// The current segment file's length: `segment.len` plus the zero-filled room ahead.
     allocated: u64,
+    /// Appends through `O_DIRECT` (see [`Direct`]); `None` where they go through the page
+    /// cache.
+    direct: Option<Direct>,
 }
 
 /// Zeros written per call when extending a segment.
@@ -215,7 +223,7 @@ impl Writer {
     fn new(segment: Segment, shared: Arc<Shared>, settings: Settings) -> Writer {
         let next_compaction_at = settings.compact_bytes;
         let allocated = segment.len;
-        Writer {
+        let mut writer = Writer {
             allocated,
             segment,
             shared,
@@ -224,6 +232,29 @@ impl Writer {
             next_compaction_at,
             poisoned: None,
             cache: Vec::new(),
+            direct: None,
+        };
+        writer.open_direct();
+        writer
+    }
+
+    /// Opens the current segment for `O_DIRECT` appends where that pays: appends into
+    /// zero-filled room (preallocation in whole blocks, with syncs, not `volatile`) on a
+    /// file system that takes `O_DIRECT`. Otherwise, or if anything fails, appends go
+    /// through the page cache as before.
+    fn open_direct(&mut self) {
+        self.direct = None;
+        if !self.settings.direct_io
+            || !self.preallocating()
+            || self.settings.preallocate % DIRECT_BLOCK != 0
+        {
+            return;
+        }
+        match Direct::open(&self.segment) {
+            Ok(direct) => self.direct = Some(direct),
+            Err(e) => {
+                tracing::info!(error = %e, "wal: O_DIRECT appends unavailable here; appending through the page cache")
+            }
         }
     }
 
@@ -265,6 +296,11 @@ impl Writer {
             left -= n as u64;
         }
         file.seek(SeekFrom::Start(self.segment.len))?;
+        if self.direct.is_some() {
+            // An `O_DIRECT` write into a range with dirty cached pages first writes them back
+            // and waits; synced now, the zeros cost one sync per `preallocate` bytes instead.
+            file.sync_data()?;
+        }
         self.allocated = target;
         Ok(())
     }
@@ -392,9 +428,36 @@ impl Writer {
         if self.preallocating() && end > self.allocated {
             self.extend(end)?;
         }
+        // An `O_DIRECT` write covers whole blocks, from the start of the partial last one.
+        let padded_end = self.direct.as_ref().map(|d| {
+            let blocks = (d.tail.len() + batch.len()).next_multiple_of(DIRECT_BLOCK as usize);
+            d.block_start(self.segment.len) + blocks as u64
+        });
+        if let Some(padded_end) = padded_end.filter(|&e| e > self.allocated) {
+            self.extend(padded_end)?;
+        }
+        let start = self.segment.len;
         // Counted before the write: a failed write leaves `len` past the real end, which only
         // matters for compaction, and the log is poisoned then anyway.
         self.segment.len = end;
+        if let Some(direct) = &mut self.direct {
+            match direct.append(start, batch) {
+                Ok(()) => {
+                    self.shared
+                        .stats
+                        .direct_writes
+                        .fetch_add(1, Ordering::Relaxed);
+                    return Ok(());
+                }
+                // Refused before anything was written (an alignment this file system
+                // does not take): through the page cache from now on.
+                Err(e) if e.raw_os_error() == Some(libc::EINVAL) => {
+                    tracing::info!(error = %e, "wal: O_DIRECT append refused; appending through the page cache");
+                    self.direct = None;
+                }
+                Err(e) => return Err(e),
+            }
+        }
         if self.settings.volatile {
             self.cache.extend_from_slice(batch);
             if self.cache.len() >= VOLATILE_FLUSH {
@@ -402,7 +465,7 @@ impl Writer {
                 self.cache.clear();
             }
         } else {
-            self.segment.file.write_all(batch)?;
+            self.segment.file.write_all_at(batch, start)?;
         }
         Ok(())
     }
@@ -470,6 +533,7 @@ impl Writer {
             .unwrap_or_else(PoisonError::into_inner) = path;
         self.base_len = len;
         self.allocated = len;
+        self.open_direct();
         self.next_compaction_at = self.settings.compact_bytes;
         self.shared
             .stats
@@ -494,5 +558,91 @@ impl Writer {
             records = records.len(),
             "wal: compacted"
         );
+    }
+}
+
+/// The block size `O_DIRECT` appends are aligned to (memory, file offset and length): 4 KiB,
+/// which every device's logical block size divides.
+const DIRECT_BLOCK: u64 = 4096;
+
+/// `O_DIRECT` appends to the current segment.
+///
+/// Why: a sync of a page-cache write costs this machine's servers' core about 70 us of CPU
+/// per 4 KiB WAL write (the page cache's writeback of the dirty page, then the device
+/// flush); written with `O_DIRECT` into the same zero-filled room and then synced, about
+/// 50 us, and the sync returns sooner (p50 0.16 ms against 0.21 ms) (measured with
+/// `/tmp`-style probes, see docs/benchmarks.md). The durability contract is unchanged: the
+/// batch's `sync_data` still follows, flushing the device's cache.
+///
+/// How: `O_DIRECT` writes whole aligned blocks from aligned memory, so each append rewrites
+/// the partial block at the end of the log (`tail`: the records already in it, unchanged)
+/// followed by the batch, padded with zeros to a whole block. The zeros land in the
+/// zero-filled room ahead (`Writer::extend` keeps the padded end inside it), so the file's
+/// size does not change. A crash mid-write leaves the tail's bytes as they were (written
+/// again with the same values) and recovery cuts a torn batch as before; a page-cache
+/// write-back rewrites the whole page the same way.
+struct Direct {
+    /// The segment file, opened again with `O_DIRECT`.
+    file: File,
+    /// The bytes of the log's last partial block (`len % DIRECT_BLOCK` of them).
+    tail: Vec<u8>,
+    /// Storage for the aligned write buffer (`aligned` takes the aligned part).
+    buf: Vec<u8>,
+}
+
+impl Direct {
+    #[cfg(target_os = "linux")]
+    fn open(segment: &Segment) -> io::Result<Direct> {
+        use std::os::unix::fs::OpenOptionsExt;
+        let path = segment.dir.join(segment::segment_name(segment.seq));
+        let file = std::fs::OpenOptions::new()
+            .write(true)
+            .custom_flags(libc::O_DIRECT)
+            .open(path)?;
+        let keep = segment.len % DIRECT_BLOCK;
+        let mut tail = vec![0; keep as usize];
+        segment.file.read_exact_at(&mut tail, segment.len - keep)?;
+        Ok(Direct {
+            file,
+            tail,
+            buf: Vec::new(),
+        })
+    }
+
+    #[cfg(not(target_os = "linux"))]
+    fn open(_: &Segment) -> io::Result<Direct> {
+        Err(io::Error::new(
+            io::ErrorKind::Unsupported,
+            "O_DIRECT appends are implemented for Linux only",
+        ))
+    }
+
+    /// Where the block holding the log's end `len` starts.
+    fn block_start(&self, len: u64) -> u64 {
+        len - self.tail.len() as u64
+    }
+
+    /// Writes `batch` at `len`, the log's end: the tail block and the batch, zero-padded to
+    /// whole blocks, in one aligned write. On success the tail is the new last partial block.
+    fn append(&mut self, len: u64, batch: &[u8]) -> io::Result<()> {
+        let start = self.block_start(len);
+        let data = self.tail.len() + batch.len();
+        let padded = data.next_multiple_of(DIRECT_BLOCK as usize);
+        let block = DIRECT_BLOCK as usize;
+        // Aligned storage: `padded` bytes from the first 4 KiB boundary in `buf`.
+        self.buf.clear();
+        self.buf.resize(padded + block, 0);
+        let at = self.buf.as_ptr().align_offset(block);
+        let out = &mut self.buf[at..at + padded];
+        out[..self.tail.len()].copy_from_slice(&self.tail);
+        out[self.tail.len()..data].copy_from_slice(batch);
+        self.file.write_all_at(out, start)?;
+        let keep = data % block;
+        self.tail.clear();
+        self.tail.extend_from_slice(&out[data - keep..data]);
+        if self.buf.capacity() > KEEP_BATCH_CAPACITY {
+            self.buf = Vec::new();
+        }
+        Ok(())
     }
 }
