@@ -1189,6 +1189,16 @@ async fn without_a_quorum_checks_get_their_on_unavailable_answer_in_bounded_time
             .collect::<Vec<_>>()
             .join("\n")
     );
+    // None of those answers was the key table's: the key-cap alert stays quiet in an outage.
+    assert!(
+        metrics.contains("quorate_key_cap_rejections_total 0"),
+        "{}",
+        metrics
+            .lines()
+            .filter(|l| l.contains("key_cap"))
+            .collect::<Vec<_>>()
+            .join("\n")
+    );
     // With the quorum back, the shard decides again (from its replicated state).
     blocking(|| {
         cluster.spawn(1);

@@ -137,7 +137,7 @@ impl AppliedLog {
                     cost: *cost,
                     allowed: decision.allowed(),
                     replayed: *replayed,
-                    fallback: *fallback,
+                    fallback: fallback.any(),
                     at: *at,
                 }),
                 _ => None,

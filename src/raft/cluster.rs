@@ -42,7 +42,7 @@ use crate::limiter::{Decision, Nanos, Outcome};
 use crate::metrics::Metrics;
 use crate::policy::OnUnavailable;
 use crate::shard::actor::ShardError;
-use crate::shard::command::{Applied, Batch, Command};
+use crate::shard::command::{Applied, Batch, Command, Fallback};
 use crate::shard::state::{Bounds, ShardState};
 use openraft::storage::RaftLogStorage;
 use openraft::{BasicNode, Raft, ServerState};
@@ -878,7 +878,7 @@ impl Cluster {
                     Applied::Decided {
                         decision,
                         replayed: false,
-                        fallback: true,
+                        fallback: Fallback::Unavailable,
                         at: now,
                     }
                 }

@@ -19,7 +19,7 @@
 //! entries are dropped, and if that frees less than a tenth, all of them.
 
 use crate::limiter::{Decision, Limit, Nanos, Outcome};
-use crate::shard::command::{Applied, Command};
+use crate::shard::command::{Applied, Command, Fallback};
 use std::sync::{Mutex, MutexGuard};
 
 /// foldhash, as the shard tables (SipHash showed in profiles of the forwarding path). Its
@@ -83,7 +83,7 @@ impl DenialCache {
             Some(Applied::Decided {
                 decision,
                 replayed: false,
-                fallback: false,
+                fallback: Fallback::No,
                 at: 0,
             })
         };
@@ -103,7 +103,7 @@ impl DenialCache {
                 Applied::Decided {
                     decision,
                     replayed: false,
-                    fallback: false,
+                    fallback: Fallback::No,
                     ..
                 },
             ) = (command.plain_check(), applied)
@@ -170,7 +170,7 @@ mod tests {
         }
     }
 
-    fn decided(outcome: Outcome, retry_after: Nanos, fallback: bool) -> Applied {
+    fn decided(outcome: Outcome, retry_after: Nanos, fallback: Fallback) -> Applied {
         Applied::Decided {
             decision: Decision {
                 outcome,
@@ -192,7 +192,7 @@ mod tests {
         let asked = 1_000 * SECOND;
         cache.learn(
             &[check("k", 1, None)],
-            &[decided(Outcome::Denied, SECOND, false)],
+            &[decided(Outcome::Denied, SECOND, Fallback::No)],
             asked,
         );
         let at = |t| cache.answer(&[check("k", 1, None)], t);
@@ -219,11 +219,11 @@ mod tests {
             check("admitted", 1, None),
         ];
         let applied = [
-            decided(Outcome::Denied, SECOND, false),
-            decided(Outcome::Denied, SECOND, true),
-            decided(Outcome::Denied, MIN_RETRY - 1, false),
-            decided(Outcome::Denied, SECOND, false),
-            decided(Outcome::Allowed, 0, false),
+            decided(Outcome::Denied, SECOND, Fallback::No),
+            decided(Outcome::Denied, SECOND, Fallback::KeyCap),
+            decided(Outcome::Denied, MIN_RETRY - 1, Fallback::No),
+            decided(Outcome::Denied, SECOND, Fallback::No),
+            decided(Outcome::Allowed, 0, Fallback::No),
         ];
         cache.learn(&commands, &applied, 0);
         assert_eq!(cache.len(), 1);
@@ -244,7 +244,7 @@ mod tests {
         // An admission of the key forgets its denial; so does a reload.
         cache.learn(
             &[check("denied", 1, None)],
-            &[decided(Outcome::Allowed, 0, false)],
+            &[decided(Outcome::Allowed, 0, Fallback::No)],
             2,
         );
         assert!(cache.is_empty());
@@ -260,7 +260,7 @@ mod tests {
             let key = format!("k{i}");
             cache.learn(
                 &[check(&key, 1, None)],
-                &[decided(Outcome::Denied, SECOND, false)],
+                &[decided(Outcome::Denied, SECOND, Fallback::No)],
                 t,
             );
             assert!(cache.len() <= 3);

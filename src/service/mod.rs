@@ -18,7 +18,7 @@ use crate::metrics::Metrics;
 use crate::policy::PolicySet;
 use crate::raft::cluster::{Cluster, GroupStatus};
 use crate::shard::actor::{ShardError, Shards};
-use crate::shard::command::{Applied, Command};
+use crate::shard::command::{Applied, Command, Fallback};
 use crate::shard::route::{shard_of, Sharding};
 use crate::shard::state::Bounds;
 use resolve::Resolved;
@@ -375,7 +375,7 @@ impl Service {
                 *result = Some(Applied::Decided {
                     decision: Decision::unavailable(item.limit.capacity(), false),
                     replayed: false,
-                    fallback: true,
+                    fallback: Fallback::Unavailable,
                     at: 0,
                 });
                 "deny"
@@ -546,7 +546,9 @@ impl Service {
                 }) => (*decision, *fallback),
                 _ => continue,
             };
-            if fallback {
+            // Only the key table's own rule: `on_unavailable`'s answers while a shard
+            // cannot decide are counted in `quorate_unavailable_answers_total`.
+            if fallback == Fallback::KeyCap {
                 self.inner.metrics.key_cap_rejections.inc();
             }
             let outcome = match (decision.outcome, item.shadow) {
@@ -565,7 +567,7 @@ impl Service {
                 quota: item.limit.quota(),
                 decision,
                 shadow: item.shadow,
-                fallback,
+                fallback: fallback.any(),
             });
         }
         let allowed = out.len() == n && out.iter().all(|i| i.shadow || i.decision.allowed());
@@ -591,7 +593,7 @@ impl Service {
             if let Some(Applied::Decided {
                 decision,
                 replayed: false,
-                fallback: false,
+                fallback: Fallback::No,
                 at,
             }) = applied
             {

@@ -129,8 +129,8 @@ pub enum Applied {
         decision: Decision,
         /// Answered from the idempotency table: nothing was consumed now.
         replayed: bool,
-        /// Answered by `on_full` at the key cap, not by the algorithm.
-        fallback: bool,
+        /// Answered by an `on_unavailable` rule, not by the algorithm, and why.
+        fallback: Fallback,
         /// The shard time it was decided at (its part's): what a refund of this
         /// admission names.
         at: Nanos,
@@ -144,6 +144,30 @@ pub enum Applied {
     /// first answer (an `on_unavailable` denial would have it retry under a new id, and
     /// spend twice).
     Unknown,
+}
+
+/// Why an answer came from a policy's `on_unavailable` rule instead of its algorithm.
+///
+/// On the wire (a forwarded batch's answers) it is encoded as the `bool` it replaced was:
+/// variant indexes are varints, so `No` and `KeyCap` are the bytes of `false` and `true`,
+/// and members of either version read each other. `Unavailable` is made only by the member
+/// that answers the caller and is never sent.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub enum Fallback {
+    /// The algorithm decided.
+    No,
+    /// A new key met the shard's full key table (`--max-keys`): `on_full`'s answer.
+    KeyCap,
+    /// The shard could not decide in time (no leader, no quorum, no answer): the answer of
+    /// `on_unavailable` on this member (`Cluster::fallback`).
+    Unavailable,
+}
+
+impl Fallback {
+    /// Whether the answer came from a rule rather than the algorithm.
+    pub fn any(self) -> bool {
+        self != Fallback::No
+    }
 }
 
 /// bincode 2's standard configuration: varint integers, little endian.
@@ -194,6 +218,54 @@ mod tests {
         batch.push_part(7, evict());
         assert_eq!(batch.later, [Part { from: 2, time: 9 }]);
         assert_eq!((batch.commands.len(), batch.last_time()), (5, 9));
+    }
+
+    /// `Applied` as members before `Fallback` sent it.
+    #[derive(Debug, Serialize, Deserialize)]
+    enum OldApplied {
+        Decided {
+            decision: Decision,
+            replayed: bool,
+            fallback: bool,
+            at: Nanos,
+        },
+    }
+
+    fn enc<T: Serialize>(value: &T) -> Vec<u8> {
+        bincode::serde::encode_to_vec(value, config()).unwrap()
+    }
+
+    #[test]
+    fn fallback_is_encoded_as_the_bool_it_replaced() {
+        let decision = Decision::unavailable(7, false);
+        for (new, old) in [(Fallback::No, false), (Fallback::KeyCap, true)] {
+            let new = Applied::Decided {
+                decision,
+                replayed: false,
+                fallback: new,
+                at: 9,
+            };
+            let old = OldApplied::Decided {
+                decision,
+                replayed: false,
+                fallback: old,
+                at: 9,
+            };
+            assert_eq!(enc(&new), enc(&old), "{new:?}");
+            let (read, _): (Applied, usize) =
+                bincode::serde::decode_from_slice(&enc(&old), config()).unwrap();
+            assert_eq!(read, new);
+        }
+        // The rule only the answering member makes is no bool: an older member refuses it.
+        let unavailable = Applied::Decided {
+            decision,
+            replayed: false,
+            fallback: Fallback::Unavailable,
+            at: 9,
+        };
+        let old: Result<(OldApplied, usize), _> =
+            bincode::serde::decode_from_slice(&enc(&unavailable), config());
+        assert!(old.is_err());
     }
 
     #[test]

@@ -4,7 +4,7 @@
 //! same state and the same answers on every replica. It reads no clock (time comes in the
 //! batch) and its decisions never depend on hash-table iteration order.
 
-use super::command::{Applied, Batch, Command};
+use super::command::{Applied, Batch, Command, Fallback};
 use crate::limiter::{Decision, KeyState, Limit, Nanos, Outcome, SECOND};
 use crate::policy::OnUnavailable;
 use std::collections::VecDeque;
@@ -152,7 +152,7 @@ impl ShardState {
             (decision.outcome != Outcome::Allowed).then_some(Applied::Decided {
                 decision,
                 replayed: false,
-                fallback: false,
+                fallback: Fallback::No,
                 at: now,
             })
         };
@@ -172,7 +172,7 @@ impl ShardState {
                     return Applied::Decided {
                         decision: *d,
                         replayed: true,
-                        fallback: false,
+                        fallback: Fallback::No,
                         at: now,
                     };
                 }
@@ -213,23 +213,23 @@ impl ShardState {
         cost: u64,
         on_full: OnUnavailable,
         now: Nanos,
-    ) -> (Decision, bool) {
+    ) -> (Decision, Fallback) {
         if let Some(e) = self.keys.get_mut(key) {
             if e.limit != *limit {
                 // A reload changed the key's limit.
                 limit.adopt(&mut e.state, now);
                 e.limit = limit.clone();
             }
-            return (limit.decide(&mut e.state, now, cost), false);
+            return (limit.decide(&mut e.state, now, cost), Fallback::No);
         }
         let mut state = limit.new_state();
         let decision = limit.decide(&mut state, now, cost);
         if limit.is_fresh(&state, now) {
             // Nothing to remember (a peek, a denial): the key stays "never seen".
-            return (decision, false);
+            return (decision, Fallback::No);
         }
         if self.keys.len() as u64 >= self.bounds.max_keys {
-            return (at_cap(limit, on_full), true);
+            return (at_cap(limit, on_full), Fallback::KeyCap);
         }
         self.keys.insert(
             key.to_owned(),
@@ -238,7 +238,7 @@ impl ShardState {
                 state,
             },
         );
-        (decision, false)
+        (decision, Fallback::No)
     }
 
     fn remember(&mut self, id: &str, decision: Decision, now: Nanos) {
@@ -514,7 +514,13 @@ mod tests {
             commands: vec![check("b", &tb(), 1, None), check("a", &tb(), 1, None)],
             later: Vec::new(),
         });
-        assert!(matches!(r[0], Applied::Decided { fallback: true, .. }));
+        assert!(matches!(
+            r[0],
+            Applied::Decided {
+                fallback: Fallback::KeyCap,
+                ..
+            }
+        ));
         assert!(!decided(&r[0]).allowed());
         assert!(decided(&r[1]).allowed());
         assert_eq!(s.len(), 1);
