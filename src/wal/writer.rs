@@ -3,7 +3,8 @@
 //! Blocking file I/O must not run on the async workers, and group commit needs exactly one
 //! place where writes happen, so the log file belongs to one std thread. It sleeps until a
 //! submission arrives, then takes every submission queued meanwhile (those that arrived while
-//! the previous `fdatasync` ran), writes them with one `write_all` and syncs once (unless all
+//! the previous `fdatasync` ran), writes them with one write (`O_DIRECT` where it can, see
+//! [`Direct`]) and syncs once (unless all
 //! of them are unsynced submissions, see [`Request::sync`]), and only then
 //! completes them all, in queue order. N concurrent appenders therefore cost about N / batch
 //! syncs. Completing in order means a completion also vouches for everything queued before.
@@ -211,6 +212,9 @@ struct Writer {
     /// Appends through `O_DIRECT` (see [`Direct`]); `None` where they go through the page
     /// cache.
     direct: Option<Direct>,
+    /// The file system refused `O_DIRECT` (at open or on a write): not tried again, not even
+    /// for the next segment.
+    direct_refused: bool,
 }
 
 /// Zeros written per call when extending a segment.
@@ -233,6 +237,7 @@ impl Writer {
             poisoned: None,
             cache: Vec::new(),
             direct: None,
+            direct_refused: false,
         };
         writer.open_direct();
         writer
@@ -245,6 +250,7 @@ impl Writer {
     fn open_direct(&mut self) {
         self.direct = None;
         if !self.settings.direct_io
+            || self.direct_refused
             || !self.preallocating()
             || self.settings.preallocate % DIRECT_BLOCK != 0
         {
@@ -253,6 +259,7 @@ impl Writer {
         match Direct::open(&self.segment) {
             Ok(direct) => self.direct = Some(direct),
             Err(e) => {
+                self.direct_refused = true;
                 tracing::info!(error = %e, "wal: O_DIRECT appends unavailable here; appending through the page cache")
             }
         }
@@ -275,7 +282,8 @@ impl Writer {
 
     /// Makes the file at least `end` long by writing zeros after the current allocation, up
     /// to the next multiple of `preallocate` past `end`, then puts the cursor back at the end
-    /// of the log. No sync of its own: the batch's `sync_data` that follows covers it.
+    /// of the log. No sync of its own (the batch's `sync_data` that follows covers it),
+    /// except with `O_DIRECT` appends: see the end of the function.
     ///
     /// Why: appending past the end of a file changes its size, so every `fdatasync` must also
     /// write the inode, a second I/O that waits for the first. Overwriting zeros that are
@@ -449,11 +457,13 @@ impl Writer {
                         .fetch_add(1, Ordering::Relaxed);
                     return Ok(());
                 }
-                // Refused before anything was written (an alignment this file system
-                // does not take): through the page cache from now on.
-                Err(e) if e.raw_os_error() == Some(libc::EINVAL) => {
+                // The file system refuses the write (an alignment or O_DIRECT itself it
+                // does not take): through the page cache from now on. Whatever part was
+                // written holds the right bytes; the write below writes it all again.
+                Err(e) if refused(&e) => {
                     tracing::info!(error = %e, "wal: O_DIRECT append refused; appending through the page cache");
                     self.direct = None;
+                    self.direct_refused = true;
                 }
                 Err(e) => return Err(e),
             }
@@ -465,6 +475,8 @@ impl Writer {
                 self.cache.clear();
             }
         } else {
+            // Positional: O_DIRECT writes do not move the file's cursor. (The `volatile`
+            // cache above appends at the cursor; that mode never writes any other way.)
             self.segment.file.write_all_at(batch, start)?;
         }
         Ok(())
@@ -561,18 +573,27 @@ impl Writer {
     }
 }
 
+/// Whether a failed `O_DIRECT` write means the file system does not take such writes
+/// (rather than a failing disk): EINVAL (an alignment it wants otherwise), EOPNOTSUPP.
+fn refused(e: &io::Error) -> bool {
+    matches!(
+        e.raw_os_error(),
+        Some(libc::EINVAL) | Some(libc::EOPNOTSUPP)
+    )
+}
+
 /// The block size `O_DIRECT` appends are aligned to (memory, file offset and length): 4 KiB,
 /// which every device's logical block size divides.
 const DIRECT_BLOCK: u64 = 4096;
 
 /// `O_DIRECT` appends to the current segment.
 ///
-/// Why: a sync of a page-cache write costs this machine's servers' core about 70 us of CPU
-/// per 4 KiB WAL write (the page cache's writeback of the dirty page, then the device
-/// flush); written with `O_DIRECT` into the same zero-filled room and then synced, about
-/// 50 us, and the sync returns sooner (p50 0.16 ms against 0.21 ms) (measured with
-/// `/tmp`-style probes, see docs/benchmarks.md). The durability contract is unchanged: the
-/// batch's `sync_data` still follows, flushing the device's cache.
+/// Why: synced after a page-cache write, an append costs the page cache's writeback of the
+/// dirty page (locking, tagging, submitting it) before the device flush; written with
+/// `O_DIRECT` into the same zero-filled room and then synced, it costs 0.77x the CPU and
+/// 0.94x the p50 latency on this machine (`benches/wal_sync.rs`; docs/benchmarks.md). The
+/// durability contract is unchanged: the batch's `sync_data` still follows, flushing the
+/// device's cache.
 ///
 /// How: `O_DIRECT` writes whole aligned blocks from aligned memory, so each append rewrites
 /// the partial block at the end of the log (`tail`: the records already in it, unchanged)
@@ -586,7 +607,7 @@ struct Direct {
     file: File,
     /// The bytes of the log's last partial block (`len % DIRECT_BLOCK` of them).
     tail: Vec<u8>,
-    /// Storage for the aligned write buffer (`aligned` takes the aligned part).
+    /// Storage for the write buffer: `append` writes from its first 4 KiB boundary.
     buf: Vec<u8>,
 }
 
