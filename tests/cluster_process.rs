@@ -626,6 +626,14 @@ type Answer = Result<quorate::client::CheckAnswer, quorate::client::ClientError>
 
 /// True when `answer` is the `TRYAGAIN` of a check with a request id that its shard could not
 /// decide in time (docs/semantics.md), not a denial.
+/// The lines of `text` that contain `pattern`: the metrics an assertion's message shows.
+fn lines_with(text: &str, pattern: &str) -> String {
+    text.lines()
+        .filter(|l| l.contains(pattern))
+        .collect::<Vec<_>>()
+        .join("\n")
+}
+
 fn undecided(answer: &Answer) -> bool {
     answer.as_ref().is_err_and(|e| {
         e.is_retryable() && e.to_string().contains(quorate::service::OUTCOME_UNKNOWN)
@@ -1183,21 +1191,13 @@ async fn without_a_quorum_checks_get_their_on_unavailable_answer_in_bounded_time
             && metrics.contains("quorate_unavailable_answers_total{answer=\"unknown\"} 4")
             && metrics.contains("quorate_unavailable_answers_total{answer=\"deny\"} 8"),
         "{}",
-        metrics
-            .lines()
-            .filter(|l| l.contains("unavailable"))
-            .collect::<Vec<_>>()
-            .join("\n")
+        lines_with(&metrics, "unavailable")
     );
     // None of those answers was the key table's: the key-cap alert stays quiet in an outage.
     assert!(
         metrics.contains("quorate_key_cap_rejections_total 0"),
         "{}",
-        metrics
-            .lines()
-            .filter(|l| l.contains("key_cap"))
-            .collect::<Vec<_>>()
-            .join("\n")
+        lines_with(&metrics, "key_cap")
     );
     // With the quorum back, the shard decides again (from its replicated state).
     blocking(|| {
