@@ -87,6 +87,9 @@ pub struct ClusterConfig {
     pub fast_batch: usize,
     /// Most entries a group's leader has submitted but not yet seen committed.
     pub pipeline: usize,
+    /// Longest a follower's notice of a new commit waits for the next AppendEntries to
+    /// carry it (`rpc::GroupLink::append_entries`); zero sends each at once.
+    pub commit_notice_delay: Duration,
     /// A snapshot is taken after this many entries since the last.
     pub snapshot_every: u64,
     /// Joining a running cluster: never bootstrap the groups (a member adds this node).
@@ -114,6 +117,7 @@ impl ClusterConfig {
             fast_linger: Duration::from_millis(20),
             fast_batch: 512,
             pipeline: 4,
+            commit_notice_delay: Duration::from_millis(5),
             snapshot_every: 20_000,
             join: false,
             hooks: Default::default(),
@@ -299,6 +303,7 @@ impl Cluster {
             let network = super::rpc::GroupNetwork {
                 group: g,
                 transport: transport.clone(),
+                notice_delay: config.commit_notice_delay,
             };
             let raft = Raft::new(config.node_id, raft_config.clone(), network, log, sm)
                 .await

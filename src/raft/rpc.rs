@@ -13,9 +13,9 @@ use openraft::raft::{
     AppendEntriesRequest, AppendEntriesResponse, InstallSnapshotRequest, InstallSnapshotResponse,
     VoteRequest, VoteResponse,
 };
-use openraft::BasicNode;
+use openraft::{BasicNode, LogId, Vote};
 use serde::{Deserialize, Serialize};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
 /// A request from one node to another.
@@ -158,13 +158,38 @@ pub async fn ask<T: Transport + ?Sized>(
 pub struct GroupNetwork {
     pub group: GroupId,
     pub transport: SharedTransport,
+    /// How long a commit notice waits for the next AppendEntries to carry it (see
+    /// [`GroupLink::append_entries`]); zero sends every notice at once and awaits its answer,
+    /// as openraft expects by default.
+    pub notice_delay: Duration,
 }
 
-/// openraft's connection to one peer for one group (no state: the transport multiplexes).
+/// openraft's connection to one peer for one group. The transport multiplexes; the state is
+/// the commit notices' (see [`GroupLink::append_entries`]).
 pub struct GroupLink {
     group: GroupId,
     target: NodeId,
     transport: SharedTransport,
+    notice_delay: Duration,
+    /// The newest `leader_commit` this link has carried; `None` before its first call.
+    carried: Option<Option<LogId<NodeId>>>,
+    notices: Arc<Mutex<Notices>>,
+}
+
+/// A link's deferred commit notice, and what the answer to one said.
+#[derive(Default)]
+struct Notices {
+    /// The newest notice not sent yet.
+    pending: Option<AppendEntriesRequest<TypeConfig>>,
+    /// A task is due to send `pending`.
+    due: bool,
+    /// A vote higher than the leader's that a notice's answer carried: the link's next call
+    /// returns it instead of sending.
+    higher: Option<Vote<NodeId>>,
+}
+
+fn lock_notices(n: &Mutex<Notices>) -> MutexGuard<'_, Notices> {
+    n.lock().unwrap_or_else(|e| e.into_inner())
 }
 
 impl RaftNetworkFactory<TypeConfig> for GroupNetwork {
@@ -176,6 +201,9 @@ impl RaftNetworkFactory<TypeConfig> for GroupNetwork {
             group: self.group,
             target,
             transport: self.transport.clone(),
+            notice_delay: self.notice_delay,
+            carried: None,
+            notices: Arc::default(),
         }
     }
 }
@@ -200,6 +228,52 @@ fn unexpected<E: std::error::Error>(
 }
 
 impl GroupLink {
+    /// Whether `rpc` is a commit notice to defer: no entries, and a `leader_commit` newer
+    /// than this link has carried, on a link that has made a call before (see
+    /// [`GroupLink::append_entries`]). Records the commit as carried either way.
+    fn defers(&mut self, rpc: &AppendEntriesRequest<TypeConfig>) -> bool {
+        let newer = self.carried.as_ref().is_none_or(|c| rpc.leader_commit > *c);
+        let notice = !self.notice_delay.is_zero()
+            && rpc.entries.is_empty()
+            && self.carried.is_some()
+            && newer;
+        if newer {
+            self.carried = Some(rpc.leader_commit);
+        }
+        notice
+    }
+
+    /// Keeps `rpc` as the link's pending notice, and makes sure a task sends it (or a newer
+    /// one) after `notice_delay` unless a call carries it first.
+    fn defer(&self, rpc: AppendEntriesRequest<TypeConfig>, option: &RPCOption) {
+        let mut n = lock_notices(&self.notices);
+        n.pending = Some(rpc);
+        if n.due {
+            return;
+        }
+        n.due = true;
+        let (group, target, delay) = (self.group, self.target, self.notice_delay);
+        let (notices, transport) = (self.notices.clone(), self.transport.clone());
+        let ttl = option.hard_ttl();
+        tokio::spawn(async move {
+            tokio::time::sleep(delay).await;
+            let rpc = {
+                let mut n = lock_notices(&notices);
+                n.due = false;
+                n.pending.take()
+            };
+            let Some(rpc) = rpc else { return };
+            let request = PeerRequest::Append { group, rpc };
+            // Any other answer or failure is the next call's to meet: it goes to the same
+            // follower, with this commit or a newer one.
+            if let Ok(PeerResponse::Append(Ok(AppendEntriesResponse::HigherVote(v)))) =
+                ask(&*transport, target, &request, ttl).await
+            {
+                lock_notices(&notices).higher = Some(v);
+            }
+        });
+    }
+
     async fn ask<E: std::error::Error>(
         &self,
         request: PeerRequest,
@@ -218,12 +292,40 @@ impl RaftNetwork<TypeConfig> for GroupLink {
         openraft::network::Backoff::new(std::iter::repeat(Duration::from_millis(200)))
     }
 
+    /// Sends AppendEntries and returns the follower's answer, except for a commit notice.
+    ///
+    /// openraft 0.9 follows every commit, when nothing else waits to go to a follower, with
+    /// an AppendEntries that carries no entries, only the new commit index, and its stream
+    /// to that follower sends nothing else until the answer is back: about half of a strict
+    /// entry's peer messages, for news the next AppendEntries carries anyway. So such a
+    /// notice is answered `Success` at once and kept for up to `notice_delay`: the next
+    /// call on the link (new entries, or a periodic heartbeat) carries a commit at least as
+    /// new and drops it; else a task sends it then. Only the followers learn a commit a
+    /// little later; they decide nothing, and a new leader applies up to its own term's
+    /// first entry before it decides (see `cluster`).
+    ///
+    /// The `Success` tells openraft nothing it did not know: the notice's `prev_log_id` is
+    /// the follower's match it already has, so no match and no commit moves. A heartbeat
+    /// whose commit is not new is sent and awaited, so a deposed leader still learns of the
+    /// higher vote from its periodic heartbeats; a higher vote in a sent notice's answer is
+    /// returned by the link's next call. A link's first call is always sent: openraft's
+    /// leadership check (`ensure_linearizable`) makes a new link per follower for one
+    /// empty AppendEntries and counts only real answers.
     async fn append_entries(
         &mut self,
         rpc: AppendEntriesRequest<TypeConfig>,
         option: RPCOption,
     ) -> Result<AppendEntriesResponse<NodeId>, RPCError<NodeId, BasicNode, RaftError<NodeId>>> {
         let group = self.group;
+        if let Some(v) = lock_notices(&self.notices).higher.take() {
+            return Ok(AppendEntriesResponse::HigherVote(v));
+        }
+        if self.defers(&rpc) {
+            self.defer(rpc, &option);
+            return Ok(AppendEntriesResponse::Success);
+        }
+        // This call carries a commit at least as new as a notice still pending.
+        lock_notices(&self.notices).pending = None;
         match self
             .ask(PeerRequest::Append { group, rpc }, &option)
             .await?
@@ -270,5 +372,179 @@ impl RaftNetwork<TypeConfig> for GroupLink {
             )),
             other => Err(unexpected(self.target, other)),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use openraft::{CommittedLeaderId, Entry, EntryPayload};
+
+    /// A follower that records the AppendEntries it is sent and gives one answer to all.
+    struct Follower {
+        got: Mutex<Vec<AppendEntriesRequest<TypeConfig>>>,
+        answer: Mutex<Answer>,
+    }
+
+    #[derive(Clone, Copy)]
+    enum Answer {
+        Success,
+        Conflict,
+        Higher(Vote<NodeId>),
+    }
+
+    impl Transport for Follower {
+        fn call(
+            &self,
+            _to: NodeId,
+            body: Vec<u8>,
+            _timeout: Duration,
+        ) -> BoxFuture<'static, Result<Vec<u8>, CallError>> {
+            let Ok(PeerRequest::Append { rpc, .. }) = decode::<PeerRequest>(&body) else {
+                panic!("only AppendEntries expected");
+            };
+            self.got.lock().unwrap().push(rpc);
+            let answer = match *self.answer.lock().unwrap() {
+                Answer::Success => AppendEntriesResponse::Success,
+                Answer::Conflict => AppendEntriesResponse::Conflict,
+                Answer::Higher(v) => AppendEntriesResponse::HigherVote(v),
+            };
+            Box::pin(async move { Ok(encode(&PeerResponse::Append(Ok(answer)))) })
+        }
+    }
+
+    fn follower() -> Arc<Follower> {
+        Arc::new(Follower {
+            got: Mutex::new(Vec::new()),
+            answer: Mutex::new(Answer::Success),
+        })
+    }
+
+    async fn link(to: &Arc<Follower>, delay: Duration) -> GroupLink {
+        let transport: SharedTransport = to.clone();
+        let mut net = GroupNetwork {
+            group: 0,
+            transport,
+            notice_delay: delay,
+        };
+        net.new_client(2, &BasicNode::new("127.0.0.1:1")).await
+    }
+
+    fn id(index: u64) -> LogId<NodeId> {
+        LogId::new(CommittedLeaderId::new(1, 1), index)
+    }
+
+    /// AppendEntries from leader 1 in term 1: `entries` after index `prev`, commit `commit`.
+    fn append(prev: u64, entries: u64, commit: u64) -> AppendEntriesRequest<TypeConfig> {
+        AppendEntriesRequest {
+            vote: Vote::new_committed(1, 1),
+            prev_log_id: Some(id(prev)),
+            entries: (prev + 1..=prev + entries)
+                .map(|i| Entry {
+                    log_id: id(i),
+                    payload: EntryPayload::Blank,
+                })
+                .collect(),
+            leader_commit: Some(id(commit)),
+        }
+    }
+
+    async fn send(
+        link: &mut GroupLink,
+        rpc: AppendEntriesRequest<TypeConfig>,
+    ) -> AppendEntriesResponse<NodeId> {
+        link.append_entries(rpc, RPCOption::new(Duration::from_secs(1)))
+            .await
+            .expect("the fake follower always answers")
+    }
+
+    fn commits(f: &Follower) -> Vec<(usize, Option<u64>)> {
+        let got = f.got.lock().unwrap();
+        got.iter()
+            .map(|r| (r.entries.len(), r.leader_commit.map(|c| c.index)))
+            .collect()
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_commit_notice_is_answered_at_once_and_rides_on_the_next_append() {
+        let f = follower();
+        let mut l = link(&f, Duration::from_millis(5)).await;
+        send(&mut l, append(0, 2, 0)).await;
+        // The commit of 2, alone: answered by the link, not sent.
+        *f.answer.lock().unwrap() = Answer::Conflict;
+        assert_eq!(
+            send(&mut l, append(2, 0, 2)).await,
+            AppendEntriesResponse::Success
+        );
+        assert_eq!(commits(&f), vec![(2, Some(0))]);
+        // The next entries carry it; the notice is never sent.
+        *f.answer.lock().unwrap() = Answer::Success;
+        send(&mut l, append(2, 1, 2)).await;
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        assert_eq!(commits(&f), vec![(2, Some(0)), (1, Some(2))]);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_notice_nothing_carries_is_sent_after_the_delay() {
+        let f = follower();
+        let mut l = link(&f, Duration::from_millis(5)).await;
+        send(&mut l, append(0, 2, 0)).await;
+        send(&mut l, append(2, 0, 1)).await;
+        send(&mut l, append(2, 0, 2)).await;
+        tokio::time::sleep(Duration::from_millis(4)).await;
+        assert_eq!(commits(&f), vec![(2, Some(0))]);
+        tokio::time::sleep(Duration::from_millis(2)).await;
+        // Only the newest of the two notices.
+        assert_eq!(commits(&f), vec![(2, Some(0)), (0, Some(2))]);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_higher_vote_in_a_notices_answer_is_the_next_calls_answer() {
+        let f = follower();
+        let mut l = link(&f, Duration::from_millis(5)).await;
+        send(&mut l, append(0, 2, 0)).await;
+        send(&mut l, append(2, 0, 2)).await;
+        let higher = Vote::new_committed(2, 3);
+        *f.answer.lock().unwrap() = Answer::Higher(higher);
+        tokio::time::sleep(Duration::from_millis(10)).await;
+        assert_eq!(commits(&f).len(), 2, "the notice was sent");
+        *f.answer.lock().unwrap() = Answer::Success;
+        assert_eq!(
+            send(&mut l, append(2, 1, 2)).await,
+            AppendEntriesResponse::HigherVote(higher)
+        );
+        assert_eq!(commits(&f).len(), 2, "returned without sending");
+    }
+
+    /// openraft's leadership check sends one empty AppendEntries on a new link per follower
+    /// and counts the answers: it must get the follower's, never the link's own.
+    #[tokio::test(start_paused = true)]
+    async fn a_links_first_call_and_a_heartbeat_with_no_news_get_the_followers_answer() {
+        let f = follower();
+        let higher = Vote::new_committed(2, 3);
+        *f.answer.lock().unwrap() = Answer::Higher(higher);
+        let mut l = link(&f, Duration::from_millis(5)).await;
+        assert_eq!(
+            send(&mut l, append(2, 0, 2)).await,
+            AppendEntriesResponse::HigherVote(higher)
+        );
+        assert_eq!(
+            send(&mut l, append(2, 0, 2)).await,
+            AppendEntriesResponse::HigherVote(higher)
+        );
+        assert_eq!(commits(&f), vec![(0, Some(2)), (0, Some(2))]);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn with_no_delay_every_notice_is_sent_and_awaited() {
+        let f = follower();
+        let mut l = link(&f, Duration::ZERO).await;
+        send(&mut l, append(0, 2, 0)).await;
+        *f.answer.lock().unwrap() = Answer::Conflict;
+        assert_eq!(
+            send(&mut l, append(2, 0, 2)).await,
+            AppendEntriesResponse::Conflict
+        );
+        assert_eq!(commits(&f), vec![(2, Some(0)), (0, Some(2))]);
     }
 }
