@@ -1178,6 +1178,22 @@ async fn without_a_quorum_checks_get_their_on_unavailable_answer_in_bounded_time
         "{a:?}"
     );
     assert!(undecided(&with_id_cost("down_local", "u", 15, "q-6").await));
+    // A cost above the limit (30) is refused for good under every rule, with or without an
+    // id: the shard's own answer, not `allow`'s admission, not TRYAGAIN. Not counted.
+    for (limit, id) in [
+        ("down_deny", "q-7"),
+        ("down_allow", "q-8"),
+        ("down_local", "q-9"),
+    ] {
+        for id in [None, Some(id)] {
+            let a = alone.check(&[(limit, "t", 31)], id).await;
+            assert!(
+                a.as_ref()
+                    .is_ok_and(|a| !a.allowed && a.wait == quorate::client::Wait::Never),
+                "{limit} cost 31, id {id:?}: {a:?}"
+            );
+        }
+    }
     // --unavailable-after is 500 ms by default.
     assert!(
         slowest < Duration::from_millis(1500),

@@ -93,6 +93,19 @@ impl Decision {
         }
     }
 
+    /// A cost above `limit`, the capacity: refused whatever the key's state (the
+    /// algorithms' own answer, without their view of the key's remaining and reset).
+    pub fn never(limit: u64) -> Self {
+        Decision {
+            outcome: Outcome::Never,
+            limit,
+            remaining: 0,
+            reset_after: 0,
+            retry_after: 0,
+            delay: 0,
+        }
+    }
+
     /// True when the request was admitted (possibly with a [`Decision::delay`]).
     pub fn allowed(&self) -> bool {
         self.outcome == Outcome::Allowed

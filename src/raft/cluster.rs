@@ -837,6 +837,17 @@ impl Cluster {
                     on_full,
                     request_id,
                 } => {
+                    // A cost above the limit's capacity is refused whatever the shard's
+                    // state, so this answer is the shard's own, under every rule: not
+                    // `allow`'s admission, nor an unknown outcome for a retry to repeat.
+                    if *cost > limit.capacity() {
+                        return Applied::Decided {
+                            decision: Decision::never(limit.capacity()),
+                            replayed: false,
+                            fallback: Fallback::No,
+                            at: now,
+                        };
+                    }
                     let decision = match on_full {
                         OnUnavailable::Local => {
                             let share = limit.share(members);
@@ -855,11 +866,10 @@ impl Cluster {
                             // state), so one with a request id can become `Unknown` below.
                             match lock(&group.local).apply(&batch).pop() {
                                 // The share's capacity is part of the limit's: a cost above
-                                // it but within the limit's the shard could admit, so this is
-                                // "not now", not "never".
+                                // it (but within the limit's, as above) the shard could
+                                // admit, so this is "not now", not "never".
                                 Some(Applied::Decided { decision, .. })
-                                    if decision.outcome != Outcome::Never
-                                        || *cost > limit.capacity() =>
+                                    if decision.outcome != Outcome::Never =>
                                 {
                                     decision
                                 }
