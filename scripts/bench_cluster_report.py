@@ -238,7 +238,7 @@ if rows_have_terms:
 # Where the -P 1 gap comes from. At -P 1 the nodes' core is saturated, so throughput is one
 # core over the CPU a decision costs. With c = CPU per decision and n = decisions per entry,
 # c = E / n + d: E what an entry costs the three nodes (three fdatasyncs, the AppendEntries
-# round trips, the commit notice, applying it thrice), d what each decision costs besides (the
+# round trips, applying it thrice), d what each decision costs besides (the
 # RESP request and reply, forwarding for two thirds of them, deciding). The strict and fast
 # runs share E and d but not n, which gives both (an estimate: a fast decision also updates
 # the leader's speculative copy).
@@ -272,8 +272,9 @@ def entry_reading():
     if fsync_cpu is not None:
         out.append(f"Three fdatasyncs (one per replica) at {fsync_cpu:.0f} us of the core each "
                    f"are {3 * fsync_cpu:.0f} us of E; the rest is the AppendEntries round trip "
-                   f"to two followers, openraft's separate commit notice to each, and applying "
-                   f"on three nodes.")
+                   f"to two followers (the commit rides on the next one: see docs/architecture.md, "
+                   f"`raft/rpc.rs`), the wake-ups of three processes and their WAL threads, and "
+                   f"applying on three nodes.")
     # One request in flight per connection: an entry holds at most the connections waiting on
     # its shard, and the shard's next entry waits for the one in flight.
     conns, shards = 3 * clients, int(os.environ.get("QUORATE_SHARDS", "3"))

@@ -41,10 +41,12 @@
 //!   ([`crate::wal::Wal::defer_latest`], the latest per group) and written after the
 //!   writer's next batch of any group, or at close. openraft saves it after every commit on
 //!   every node; as its own submission it cost each node a wake of the WAL thread and a
-//!   write per entry. openraft saves a committed id only once the entries it names are
-//!   appended and synced here (openraft 0.9's `append_to_log` waits for the flush before
-//!   its core does anything else; a version that replicates before its own flush would break
-//!   this), so the record follows them in the stream wherever it lands. An idle node keeps
+//!   write per entry. On a follower openraft saves a committed id only once the entries it
+//!   names are appended and synced here (it answers AppendEntries after the flush), so the
+//!   record follows them in the stream wherever it lands. A leader (vendor/openraft, see
+//!   vendor/README.md) may commit on its followers' syncs before its own append is synced:
+//!   while any append of the group is unsynced, the id is queued as an unsynced record
+//!   behind them instead, like a truncation. An idle node keeps
 //!   its last id in memory only, until some group writes or the WAL closes; a crash loses it.
 //!   A lost committed id only means less is re-applied at restart (the next leader's first
 //!   commit covers the rest). (It used to cost a sync of its own after every entry on every
@@ -116,6 +118,8 @@ struct GroupState {
     committed: Option<LogId<NodeId>>,
     last_purged: Option<LogId<NodeId>>,
     entries: BTreeMap<u64, Entry>,
+    /// Appends submitted and not yet synced (their callbacks not called).
+    unsynced_appends: u64,
 }
 
 impl GroupState {
@@ -473,10 +477,11 @@ impl RaftLogStorage<TypeConfig> for GroupLog {
 
     async fn save_committed(&mut self, committed: Option<LogId<NodeId>>) -> StorageResult<()> {
         let fail = |e| storage_error(ErrorSubject::Store, ErrorVerb::Write, e);
-        if self.ack_before_durable {
-            // The negative control's broken store acknowledges entries before they are
-            // written, so a committed id may name entries still queued: it keeps its place
-            // in the queue behind them (a deferred record could be written ahead of them).
+        // A leader commits before its own append is synced (vendor/README.md), and the
+        // negative control's broken store acknowledges entries before they are written: a
+        // committed id may then name entries still queued, so it keeps its place in the
+        // queue behind them (a deferred record could be written ahead of them).
+        if self.ack_before_durable || lock(&self.state).unsynced_appends > 0 {
             let batch = self.one_record(kind::COMMITTED, &committed).map_err(fail)?;
             return self
                 .write_unsynced(batch, |s| s.committed = committed)
@@ -517,7 +522,12 @@ impl RaftLogStorage<TypeConfig> for GroupLog {
             drop(reserved.submit());
             callback.log_io_completed(Ok(()));
         } else {
-            reserved.submit_then(move |result| callback.log_io_completed(result));
+            state.unsynced_appends += 1;
+            let shared = Arc::clone(&self.state);
+            reserved.submit_then(move |result| {
+                lock(&shared).unsynced_appends -= 1;
+                callback.log_io_completed(result)
+            });
         }
         Ok(())
     }

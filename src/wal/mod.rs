@@ -467,7 +467,7 @@ impl Wal {
     ///
     /// For a record nobody waits for, whose value supersedes the earlier ones, and which
     /// refers only to records already durable when it is deferred (the Raft log's committed
-    /// id: openraft 0.9 saves it after the entries it names were appended and synced).
+    /// id, deferred only while its group has no unsynced append: see `raft::log_store`).
     /// Written later than its call, it can still only follow those records in the stream. A
     /// crash loses it if no batch was written after it (it is in memory only until then).
     pub fn defer_latest(&self, group: u64, kind: u8, bytes: &[u8]) -> io::Result<()> {

@@ -192,7 +192,7 @@ where
 
     /// quorate's patch: the task waiting for the leader's latest own-log flush. Flushes
     /// complete in order, so it is done when every earlier one is.
-    pub(crate) leader_flush: Option<JoinHandleOf<C, ()>>,
+    pub(crate) leader_flush: Option<JoinHandleOf<C, Result<(), StorageError<C::NodeId>>>>,
 
     #[allow(dead_code)]
     pub(crate) tx_api: mpsc::UnboundedSender<RaftMsg<C>>,
@@ -738,7 +738,7 @@ where
     /// quorate's patch: waits until the leader's own appends are flushed.
     async fn wait_leader_flush(&mut self) -> Result<(), StorageError<C::NodeId>> {
         if let Some(h) = self.leader_flush.take() {
-            h.await.map_err(|e| StorageIOError::write_logs(AnyError::error(e)))?;
+            h.await.map_err(|e| StorageIOError::write_logs(AnyError::error(e)))??;
         }
         Ok(())
     }
@@ -1680,7 +1680,12 @@ where
                             Ok(Err(e)) => Err(StorageIOError::write_logs(AnyError::error(e)).into()),
                             Err(e) => Err(StorageIOError::write_logs(AnyError::error(e)).into()),
                         };
-                        let _ = tx_notify.send(Notify::LocalFlushed { vote, upto, result });
+                        let _ = tx_notify.send(Notify::LocalFlushed {
+                            vote,
+                            upto,
+                            result: result.clone(),
+                        });
+                        result
                     }));
                     return Ok(None);
                 }
