@@ -208,6 +208,10 @@ struct ClusterArgs {
     /// `Client::with_nodes`), instead of one client per node.
     #[arg(long)]
     failover_clients: bool,
+    /// A crashed node restarts after 1-350 ms, before the others' election timeout (a
+    /// leader often resumes its own term), instead of at the nemesis's next heal.
+    #[arg(long)]
+    quick_restarts: bool,
     /// How the nodes spread keys over shards: "hash" or "slots" (Redis Cluster's hash slots).
     #[arg(long, default_value = "hash", value_parser = parse_sharding)]
     sharding: quorate::shard::route::Sharding,
@@ -419,6 +423,7 @@ fn sim_cluster(a: ClusterArgs) -> Result<(), CliError> {
         shards: a.shards,
         clients: a.clients,
         failover_clients: a.failover_clients,
+        quick_restarts: a.quick_restarts,
         sharding: a.sharding,
         nemesis: !a.no_nemesis,
         controls: Controls {

@@ -110,6 +110,10 @@ pub struct Options {
     /// over between them, instead of one client per node. Off by default, so that seeds
     /// replay as they did before the option existed.
     pub failover_clients: bool,
+    /// A crashed node restarts after 1-350 ms (`--quick-restarts`), before the others'
+    /// election timeout, instead of at the nemesis's next heal. Off by default, so that
+    /// seeds replay as they did before the option existed.
+    pub quick_restarts: bool,
     pub keys: usize,
     /// Each client waits a uniform time in this range (ms) between operations.
     pub think_ms: (u64, u64),
@@ -135,6 +139,7 @@ impl Default for Options {
             sharding: Sharding::Hash,
             clients: 6,
             failover_clients: false,
+            quick_restarts: false,
             keys: 300,
             think_ms: (5, 40),
             nemesis: true,
@@ -225,6 +230,9 @@ pub fn reproduce(opts: &Options) -> String {
     }
     if opts.failover_clients {
         cmd += " --failover-clients";
+    }
+    if opts.quick_restarts {
+        cmd += " --quick-restarts";
     }
     if opts.sharding != Sharding::Hash {
         cmd += &format!(" --sharding {}", opts.sharding.name());
@@ -373,7 +381,7 @@ fn run_checked(opts: &Options) -> Report {
             workload::client(c, opts.clone(), nodes.clone(), history.clone(), stop_ns),
         );
     }
-    let mut nemesis = Nemesis::new(opts.seed, opts.fault_every);
+    let mut nemesis = Nemesis::new(opts.seed, opts.fault_every, opts.quick_restarts);
     let mut script = opts.clock_script.clone();
     script.sort_by_key(|s| s.at);
     let mut script = script.into_iter().peekable();

@@ -3,8 +3,10 @@
 //! link's messages then release them, a latency spike, packet loss on a link, crash a node
 //! and restart it from its disk, or disturb one host's clock (a wall-clock jump of up to
 //! +/-300 s, a drift of up to +/-2 %, a backward wall step). Clock faults persist; the rest
-//! last until the next pick. At most one node is down at a time, so a majority can always
-//! form once the network heals.
+//! last until the next pick, except that with `--quick-restarts` half the faults are
+//! crashes and a crashed node comes back after 1-350 ms (a supervisor's restart, before the others' election timeout, so a
+//! leader often resumes its own term with entries it proposed and did not commit). At
+//! most one node is down at a time, so a majority can always form once the network heals.
 
 use super::history::History;
 use super::hosts::NodeHandle;
@@ -38,7 +40,14 @@ pub struct Nemesis {
     next_at: u64,
     every: (Duration, Duration),
     active: Vec<Active>,
+    /// `--quick-restarts`: crashed nodes come back within [`QUICK_RESTART_MS`].
+    quick_restarts: bool,
+    /// The crashed node a quick restart brings back, and when (simulated ns).
+    restart_at: Option<(usize, u64)>,
 }
+
+/// How long a quickly restarted node stays down (ms): up to below the election timeout.
+pub const QUICK_RESTART_MS: (u64, u64) = (1, 350);
 
 /// The leader of `group` as the running nodes see it (the first answer found).
 pub fn leader_of(nodes: &[Arc<NodeHandle>], group: u64) -> Option<NodeId> {
@@ -54,12 +63,14 @@ fn index_of(nodes: &[Arc<NodeHandle>], id: NodeId) -> Option<usize> {
 }
 
 impl Nemesis {
-    pub fn new(seed: u64, every: (Duration, Duration)) -> Nemesis {
+    pub fn new(seed: u64, every: (Duration, Duration), quick_restarts: bool) -> Nemesis {
         Nemesis {
             rng: ChaCha8Rng::from_seed(super::derive(seed, "nemesis")),
             next_at: 3_000_000_000,
             every,
             active: Vec::new(),
+            quick_restarts,
+            restart_at: None,
         }
     }
 
@@ -72,6 +83,14 @@ impl Nemesis {
         now: u64,
         history: &mut History,
     ) {
+        if let Some((v, at)) = self.restart_at {
+            if now >= at {
+                self.restart_at = None;
+                self.active
+                    .retain(|a| !matches!(a, Active::Crashed(c) if *c == v));
+                restart(sim, nodes, v, now, history);
+            }
+        }
         if now < self.next_at {
             return;
         }
@@ -100,7 +119,14 @@ impl Nemesis {
     ) {
         let n = nodes.len();
         let name = |i: usize| nodes[i].name.clone();
-        match self.rng.random_range(0..10u32) {
+        // With quick restarts, half the faults are crashes (of a node that leads shards,
+        // as a rule: four shards' leaders spread over three nodes).
+        let pick = if self.quick_restarts && self.rng.random_bool(0.5) {
+            6
+        } else {
+            self.rng.random_range(0..10u32)
+        };
+        match pick {
             0 | 1 => {
                 // Isolate a shard's leader (0) or a follower of it (1) from the other nodes.
                 let group = self.rng.random_range(0..shards.max(1)) as u64;
@@ -174,6 +200,11 @@ impl Nemesis {
                     now,
                     format_args!("crash {} (leading shards {led:?})", name(v)),
                 );
+                if self.quick_restarts {
+                    let (lo, hi) = QUICK_RESTART_MS;
+                    let ms = self.rng.random_range(lo..=hi);
+                    self.restart_at = Some((v, now + ms * 1_000_000));
+                }
             }
             7 => {
                 let v = self.rng.random_range(0..n);
@@ -223,13 +254,23 @@ impl Nemesis {
                     sim.set_link_max_message_latency(name(x), name(y), MAX_LATENCY)
                 }
                 Active::Loss(x, y) => sim.set_link_fail_rate(name(x), name(y), 0.0),
-                Active::Crashed(v) => {
-                    nodes[v].down.store(false, Ordering::SeqCst);
-                    sim.bounce(name(v));
-                    history.event(now, format_args!("nemesis restart {}", name(v)));
-                }
+                Active::Crashed(v) => restart(sim, nodes, v, now, history),
             }
         }
+        self.restart_at = None;
         history.event(now, "nemesis heal");
     }
+}
+
+/// Restarts crashed node `v` from its disk.
+fn restart(
+    sim: &mut Sim<'_>,
+    nodes: &[Arc<NodeHandle>],
+    v: usize,
+    now: u64,
+    history: &mut History,
+) {
+    nodes[v].down.store(false, Ordering::SeqCst);
+    sim.bounce(nodes[v].name.clone());
+    history.event(now, format_args!("nemesis restart {}", nodes[v].name));
 }

@@ -82,6 +82,9 @@ fn child(exe: &Path, opts: &Options, trace: Option<&Path>) -> Command {
     if opts.failover_clients {
         cmd.arg("--failover-clients");
     }
+    if opts.quick_restarts {
+        cmd.arg("--quick-restarts");
+    }
     cmd.args(["--sharding", opts.sharding.name()]);
     if !opts.nemesis {
         cmd.arg("--no-nemesis");

@@ -1383,7 +1383,8 @@ async fn propose_loop(cluster: Arc<Cluster>, group: Arc<Group>) {
 /// a committed vote across a restart) may hold entries it proposed before the restart, not
 /// yet committed, after its term's first entry: `ensure_linearizable` does not wait for
 /// them, and a speculative copy made before they apply would miss what they consume (found
-/// by simulation seed 118 at 30 clients: a fast admission the log then denied). Waits (up
+/// by simulation seed 118 at 30 clients: a fast admission the log then denied; tested by the
+/// `--quick-restarts` sweeps). Waits (up
 /// to `within`) rather than testing once: the copy is built only when the proposer is idle,
 /// which under steady fast load may not come again this term, and openraft's metrics may
 /// trail the state machine by a moment.
