@@ -62,6 +62,8 @@ pub struct ClusterSettings {
     pub wal_sync: bool,
     /// Appends to the write-ahead log with O_DIRECT where the file system takes it.
     pub wal_direct_io: bool,
+    /// Tests only: the write-ahead log stalls while this file exists.
+    pub wal_hold_while: Option<PathBuf>,
     pub heartbeat: Duration,
     pub election_timeout: Duration,
     /// Longest wait for a shard's leader before `on_unavailable` answers.
@@ -310,6 +312,12 @@ pub struct NodeOptions {
     /// lost on a crash). The durability tests' negative control.
     #[arg(long, env = "QUORATE_UNSAFE_NO_FSYNC", hide = true)]
     pub unsafe_no_fsync: Option<bool>,
+    /// TEST ONLY: while this file exists the write-ahead log writes and syncs nothing (a
+    /// stalled disk), so a test can see what a node answers before its appends are durable.
+    /// A flag only: no environment variable, and a config file that names it is refused.
+    #[arg(long, value_name = "FILE", hide = true)]
+    #[serde(skip)]
+    pub test_hold_wal_while: Option<PathBuf>,
 }
 
 /// The longest duration any setting takes: beyond it a timer or deadline could overflow (a
@@ -363,6 +371,7 @@ impl NodeOptions {
             fast_linger: self.fast_linger.or(fallback.fast_linger),
             fast_batch: self.fast_batch.or(fallback.fast_batch),
             unsafe_no_fsync: self.unsafe_no_fsync.or(fallback.unsafe_no_fsync),
+            test_hold_wal_while: self.test_hold_wal_while.or(fallback.test_hold_wal_while),
             wal_direct_io: self.wal_direct_io.or(fallback.wal_direct_io),
             join: self.join.or(fallback.join),
             snapshot_every: self.snapshot_every.or(fallback.snapshot_every),
@@ -422,6 +431,7 @@ impl NodeOptions {
             secret,
             wal_sync: !self.unsafe_no_fsync.unwrap_or(false),
             wal_direct_io: self.wal_direct_io.unwrap_or(true),
+            wal_hold_while: self.test_hold_wal_while.clone(),
             heartbeat,
             election_timeout,
             unavailable_after: duration(

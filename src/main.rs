@@ -208,8 +208,9 @@ struct ClusterArgs {
     /// `Client::with_nodes`), instead of one client per node.
     #[arg(long)]
     failover_clients: bool,
-    /// A crashed node restarts after 1-350 ms, before the others' election timeout (a
-    /// leader often resumes its own term), instead of at the nemesis's next heal.
+    /// About half the faults are crashes, and a crashed node restarts after 1-350 ms,
+    /// usually before the others' election timeout (a leader often resumes its own term),
+    /// instead of at the nemesis's next heal.
     #[arg(long)]
     quick_restarts: bool,
     /// How the nodes spread keys over shards: "hash" or "slots" (Redis Cluster's hash slots).

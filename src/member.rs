@@ -284,6 +284,7 @@ pub async fn start<P: Listener, C: Connector>(
         unsafe_volatile: !settings.wal_sync,
         writer_on_runtime: settings.hooks.io_on_runtime,
         direct_io: settings.wal_direct_io,
+        hold_while: settings.wal_hold_while.clone(),
         ..WalOptions::default()
     };
     if !settings.wal_sync {

@@ -189,7 +189,7 @@ fn regression_seed_7_window_check_uses_the_applied_time() {
     assert_clean(&r, &opts);
 }
 
-/// Crashed nodes back within 1-350 ms (`--quick-restarts`: half the faults are crashes),
+/// Crashed nodes back within 1-350 ms (`--quick-restarts`: about half the faults are crashes),
 /// under 30 clients' fast load: a shard's leader often comes back before the others' election
 /// timeout and leads its own term again (openraft keeps the committed vote), with entries
 /// it proposed before the crash and did not commit. Its speculative state must wait until

@@ -209,6 +209,7 @@ pub fn handles(
                 secret: "quorate-simulation-secret".into(),
                 wal_sync: !opts.controls.skip_fsync,
                 wal_direct_io: true,
+                wal_hold_while: None,
                 heartbeat: Duration::from_millis(100),
                 election_timeout: ELECTION_TIMEOUT,
                 unavailable_after: Duration::from_millis(500),

@@ -110,8 +110,9 @@ pub struct Options {
     /// over between them, instead of one client per node. Off by default, so that seeds
     /// replay as they did before the option existed.
     pub failover_clients: bool,
-    /// A crashed node restarts after 1-350 ms (`--quick-restarts`), before the others'
-    /// election timeout, instead of at the nemesis's next heal. Off by default, so that
+    /// About half the faults are crashes, and a crashed node restarts after 1-350 ms
+    /// (`--quick-restarts`), usually before the others' election timeout, instead of at the
+    /// nemesis's next heal. Off by default, so that
     /// seeds replay as they did before the option existed.
     pub quick_restarts: bool,
     pub keys: usize,

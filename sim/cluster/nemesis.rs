@@ -3,9 +3,10 @@
 //! link's messages then release them, a latency spike, packet loss on a link, crash a node
 //! and restart it from its disk, or disturb one host's clock (a wall-clock jump of up to
 //! +/-300 s, a drift of up to +/-2 %, a backward wall step). Clock faults persist; the rest
-//! last until the next pick, except that with `--quick-restarts` half the faults are
-//! crashes and a crashed node comes back after 1-350 ms (a supervisor's restart, before the others' election timeout, so a
-//! leader often resumes its own term with entries it proposed and did not commit). At
+//! last until the next pick, except that with `--quick-restarts` about half the faults are
+//! crashes and a crashed node comes back after 1-350 ms (a supervisor's restart, usually
+//! before the others' election timeout, so a leader often resumes its own term with entries
+//! it proposed and did not commit). At
 //! most one node is down at a time, so a majority can always form once the network heals.
 
 use super::history::History;
@@ -119,7 +120,7 @@ impl Nemesis {
     ) {
         let n = nodes.len();
         let name = |i: usize| nodes[i].name.clone();
-        // With quick restarts, half the faults are crashes (of a node that leads shards,
+        // With quick restarts, about half the faults are crashes (of a node that leads shards,
         // as a rule: four shards' leaders spread over three nodes).
         let pick = if self.quick_restarts && self.rng.random_bool(0.5) {
             6

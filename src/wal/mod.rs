@@ -128,6 +128,10 @@ pub struct WalOptions {
     /// preallocation in whole 4 KiB blocks): less CPU per synced append (see
     /// `writer::Direct`). Falls back to the page cache by itself.
     pub direct_io: bool,
+    /// Tests of real processes only: before each batch, while this file exists, the writer
+    /// waits and writes and syncs nothing (a disk whose syncs stall), so a test can check
+    /// what a node does while its appends are not durable (`--test-hold-wal-while`).
+    pub hold_while: Option<std::path::PathBuf>,
 }
 
 impl Default for WalOptions {
@@ -142,6 +146,7 @@ impl Default for WalOptions {
             writer_on_runtime: false,
             preallocate_bytes: 1 << 20,
             direct_io: true,
+            hold_while: None,
         }
     }
 }
@@ -347,6 +352,7 @@ impl Wal {
             max_record_bytes: options.max_record_bytes,
             preallocate: options.preallocate_bytes,
             direct_io: options.direct_io,
+            hold_while: options.hold_while.clone(),
         };
         let segment = writer::Segment {
             dir: dir.to_path_buf(),

@@ -151,6 +151,8 @@ pub struct Settings {
     pub preallocate: u64,
     /// Append with `O_DIRECT` where it can (see [`Direct`]).
     pub direct_io: bool,
+    /// While this file exists, no batch is written (see `WalOptions::hold_while`).
+    pub hold_while: Option<PathBuf>,
 }
 
 /// The segment being appended to.
@@ -410,6 +412,11 @@ impl Writer {
         batch.clear();
         for request in waiting {
             batch.extend_from_slice(&request.frames);
+        }
+        if let Some(file) = &self.settings.hold_while {
+            while file.exists() {
+                std::thread::sleep(std::time::Duration::from_millis(1));
+            }
         }
         let shared = Arc::clone(&self.shared);
         let _hold = shared.hold.lock().unwrap_or_else(PoisonError::into_inner);

@@ -100,7 +100,12 @@ impl Cluster {
             .arg(&m.dir)
             .arg("--policies")
             .arg(&self.policies)
-            .args(&self.extra)
+            // `{dir}` in an extra flag is this member's data directory (a flag per member).
+            .args(
+                self.extra
+                    .iter()
+                    .map(|a| a.replace("{dir}", &m.dir.to_string_lossy())),
+            )
             .env("QUORATE_CLUSTER_SECRET", SECRET)
             .env("QUORATE_LOG", "warn,quorate=info")
             .stdout(Stdio::piped())
