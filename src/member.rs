@@ -208,7 +208,7 @@ pub fn check_sharding(data_dir: &std::path::Path, sharding: Sharding) -> io::Res
 
 /// Writes a one-line record into the data directory durably: a temporary file, fsynced,
 /// renamed into place, then the directory fsynced.
-fn write_record(
+pub(crate) fn write_record(
     data_dir: &std::path::Path,
     name: &str,
     value: impl std::fmt::Display,

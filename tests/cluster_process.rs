@@ -1078,6 +1078,41 @@ async fn a_node_added_at_runtime_serves_and_a_removed_node_leaves() {
         }
     }
     assert_eq!(admitted, 30);
+
+    // A removed member's id stays taken, even for a member that did not carry out the
+    // change: each records the highest id it has seen in a membership. Node 4, the highest,
+    // leaves through node 2, and node 3 refuses to take id 4 back (node 4's process, with
+    // its old state, is still running: the add would succeed without the record).
+    let record = cluster.members[2].dir.join("highest-member-id");
+    let started = Instant::now();
+    while std::fs::read_to_string(&record)
+        .ok()
+        .as_deref()
+        .map(str::trim)
+        != Some("4")
+    {
+        assert!(
+            started.elapsed() < Duration::from_secs(15),
+            "node 3 never recorded id 4 in {}",
+            record.display()
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let answer = blocking(|| change(&cluster, 1, r#"{"remove": {"id": 4}}"#));
+    assert!(answer.starts_with("HTTP/1.1 200"), "{answer}");
+    let after = blocking(|| voters(&cluster, 2));
+    assert!(after.iter().all(|v| v == &vec![2, 3]), "{after:?}");
+    let back = blocking(|| {
+        change(
+            &cluster,
+            2,
+            &format!(r#"{{"add": {{"id": 4, "addr": "{peer4}"}}}}"#),
+        )
+    });
+    assert!(back.starts_with("HTTP/1.1 400"), "{back}");
+    assert!(back.contains("not fresh"), "{back}");
+    let after = blocking(|| voters(&cluster, 2));
+    assert!(after.iter().all(|v| v == &vec![2, 3]), "{after:?}");
 }
 
 fn group_field(cluster: &Cluster, i: usize, field: &str) -> Vec<serde_json::Value> {

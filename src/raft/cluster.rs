@@ -247,6 +247,31 @@ pub struct Cluster {
     peer_resp: Mutex<std::collections::HashMap<NodeId, (Option<std::net::SocketAddr>, u64)>>,
     /// Held while members are asked for their RESP addresses: one round at a time.
     resp_asking: tokio::sync::Mutex<()>,
+    /// The highest node id this member has seen in a group's membership, as recorded in
+    /// [`MEMBER_IDS_FILE`]; the lock is held while the record is written.
+    highest_member: Mutex<NodeId>,
+}
+
+/// The file in a data directory that records the highest node id its member has seen in any
+/// group's membership. A membership names only current members; this record is what keeps
+/// a removed member's id from being given to a new one (`change_members`).
+pub const MEMBER_IDS_FILE: &str = "highest-member-id";
+
+/// The record's value: 0 if there is none yet.
+fn read_highest_member(data_dir: &std::path::Path) -> Result<NodeId, String> {
+    let path = data_dir.join(MEMBER_IDS_FILE);
+    match std::fs::read_to_string(&path) {
+        Ok(text) => text.trim().parse().map_err(|_| {
+            format!(
+                "{} should hold the highest node id this member has seen, not {:?}: write the \
+                 highest id your cluster has ever used into it",
+                path.display(),
+                text.trim()
+            )
+        }),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(0),
+        Err(e) => Err(format!("cannot read {}: {e}", path.display())),
+    }
 }
 
 /// A member as a Redis Cluster client needs it (`CLUSTER NODES`, `CLUSTER SLOTS`).
@@ -287,6 +312,7 @@ impl Cluster {
             ));
         }
         let raft_config = config.raft_config()?;
+        let highest_member = Mutex::new(read_highest_member(&config.data_dir)?);
         let snap_dir = config.data_dir.join("snapshots");
         let members: BTreeMap<NodeId, BasicNode> = config
             .members
@@ -359,6 +385,7 @@ impl Cluster {
             resp_addr: std::sync::OnceLock::new(),
             peer_resp: Mutex::default(),
             resp_asking: tokio::sync::Mutex::new(()),
+            highest_member,
         });
         for g in &cluster.groups {
             tokio::spawn(propose_loop(cluster.clone(), g.clone()));
@@ -494,11 +521,36 @@ impl Cluster {
         ids
     }
 
+    /// Records (durably, in [`MEMBER_IDS_FILE`]) the highest id any group's membership names
+    /// now, if it is above the record, and returns the record. Called at each membership
+    /// change this node carries out and every few seconds (`rebalance_loop`), so every
+    /// member notes an id while it is a member; a small synchronous write, and only when the
+    /// record grows.
+    fn note_members(&self) -> Result<NodeId, String> {
+        let seen = self.known_ids().keys().copied().max().unwrap_or(0);
+        let mut highest = lock(&self.highest_member);
+        if seen > *highest {
+            crate::member::write_record(&self.config.data_dir, MEMBER_IDS_FILE, seen).map_err(
+                |e| {
+                    format!(
+                        "cannot record the highest member id in {}: {e}",
+                        self.config.data_dir.display()
+                    )
+                },
+            )?;
+            *highest = seen;
+        }
+        Ok(*highest)
+    }
+
     /// Adds or removes a member in every group, each through its leader. Adding needs a
-    /// fresh id (above every id the cluster has had in its membership) unless the same add
-    /// is being resumed; removing the last voters is refused.
+    /// fresh id (above every id the cluster has had in its membership, as far as this node
+    /// has seen: [`MEMBER_IDS_FILE`]) unless the same add is being resumed; removing the
+    /// last voters is refused.
     pub async fn change_members(&self, change: MemberChange) -> Result<(), String> {
         let known = self.known_ids();
+        // Before a remove, so that the id being removed is on record.
+        let highest = self.note_members()?;
         match &change {
             MemberChange::Add { id, addr } => {
                 if !crate::config::is_host_port(addr) {
@@ -513,7 +565,7 @@ impl Cluster {
                         ));
                     }
                 }
-                let max = known.keys().copied().max().unwrap_or(0);
+                let max = known.keys().copied().max().unwrap_or(0).max(highest);
                 if *id == 0 || (*id <= max && !known.contains_key(id)) {
                     return Err(format!(
                         "node id {id} is not fresh: use an id above {max} (ids are never reused, so a removed node's old state cannot come back)"
@@ -575,6 +627,10 @@ impl Cluster {
                     g.id
                 ));
             }
+        }
+        if let Err(e) = self.note_members() {
+            // The next `rebalance_loop` tick tries again.
+            tracing::warn!(error = %e, "membership changed");
         }
         Ok(())
     }
@@ -1460,6 +1516,9 @@ async fn rebalance_loop(cluster: std::sync::Weak<Cluster>) {
     loop {
         tick.tick().await;
         let Some(c) = cluster.upgrade() else { return };
+        if let Err(e) = c.note_members() {
+            tracing::warn!(error = %e, "member ids");
+        }
         let me = c.config.node_id;
         let now = c.clock.monotonic();
         // openraft 0.9 has no leadership transfer: this node can only call an election, and
