@@ -6,8 +6,8 @@
 //! last until the next pick, except that with `--quick-restarts` about half the faults are
 //! crashes and a crashed node comes back after 1-350 ms (a supervisor's restart, usually
 //! before the others' election timeout, so a leader often resumes its own term with entries
-//! it proposed and did not commit). At
-//! most one node is down at a time, so a majority can always form once the network heals.
+//! it proposed and did not commit). At most one node is down at a time, so a majority can
+//! always form once the network heals.
 
 use super::history::History;
 use super::hosts::NodeHandle;
@@ -120,8 +120,8 @@ impl Nemesis {
     ) {
         let n = nodes.len();
         let name = |i: usize| nodes[i].name.clone();
-        // With quick restarts, about half the faults are crashes (of a node that leads shards,
-        // as a rule: four shards' leaders spread over three nodes).
+        // With quick restarts, about half the faults are crashes. The victim is any node; with
+        // four shards' leaders spread over three nodes, it usually leads at least one.
         let pick = if self.quick_restarts && self.rng.random_bool(0.5) {
             6
         } else {
