@@ -264,7 +264,8 @@ pub struct NodeOptions {
     /// the policy's on_unavailable answers [default: 500ms].
     #[arg(long, env = "QUORATE_UNAVAILABLE_AFTER")]
     pub unavailable_after: Option<String>,
-    /// Longest wait for one step of a membership change on a shard [default: 2s].
+    /// Longest a leader waits for an entry's commit; a membership change's step sent to
+    /// another member's leader waits ten times this [default: 2s].
     #[arg(long, env = "QUORATE_WRITE_TIMEOUT")]
     pub write_timeout: Option<String>,
     /// Most decisions in one Raft log entry [default: 1024].

@@ -226,7 +226,7 @@ pub(crate) fn write_record(
 /// Runs blocking file work on the blocking pool, or inline when `inline` (under the
 /// simulation, where I/O runs on the runtime: a blocking-pool thread's timing is outside
 /// simulated time).
-async fn blocking_io<T: Send + 'static>(
+pub(crate) async fn blocking_io<T: Send + 'static>(
     inline: bool,
     work: impl FnOnce() -> io::Result<T> + Send + 'static,
 ) -> io::Result<T> {

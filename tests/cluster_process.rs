@@ -1059,7 +1059,8 @@ async fn a_node_added_at_runtime_serves_and_a_removed_node_leaves() {
     }
 
     // Node 1 leaves; the other three keep deciding, and the limit still holds.
-    let answer = blocking(|| change(&cluster, 2, r#"{"remove": {"id": 1}}"#));
+    // Through node 2, which carried out the add: node 3 learns of id 4 only by itself.
+    let answer = blocking(|| change(&cluster, 1, r#"{"remove": {"id": 1}}"#));
     assert!(answer.starts_with("HTTP/1.1 200"), "{answer}");
     let after = blocking(|| voters(&cluster, 2));
     assert!(after.iter().all(|v| v == &vec![2, 3, 4]), "{after:?}");
@@ -1079,8 +1080,8 @@ async fn a_node_added_at_runtime_serves_and_a_removed_node_leaves() {
     }
     assert_eq!(admitted, 30);
 
-    // A removed member's id stays taken, even for a member that did not carry out the
-    // change: each records the highest id it has seen in a membership. Node 4, the highest,
+    // A removed member's id stays taken, even for a member that carried out none of the
+    // changes: each records the highest id it has seen in a membership. Node 4, the highest,
     // leaves through node 2, and node 3 refuses to take id 4 back (node 4's process, with
     // its old state, is still running: the add would succeed without the record).
     let record = cluster.members[2].dir.join("highest-member-id");

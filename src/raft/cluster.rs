@@ -249,7 +249,7 @@ pub struct Cluster {
     resp_asking: tokio::sync::Mutex<()>,
     /// The highest node id this member has seen in a group's membership, as recorded in
     /// [`MEMBER_IDS_FILE`]; the lock is held while the record is written.
-    highest_member: Mutex<NodeId>,
+    highest_member: tokio::sync::Mutex<NodeId>,
 }
 
 /// The file in a data directory that records the highest node id its member has seen in any
@@ -312,7 +312,7 @@ impl Cluster {
             ));
         }
         let raft_config = config.raft_config()?;
-        let highest_member = Mutex::new(read_highest_member(&config.data_dir)?);
+        let highest_member = tokio::sync::Mutex::new(read_highest_member(&config.data_dir)?);
         let snap_dir = config.data_dir.join("snapshots");
         let members: BTreeMap<NodeId, BasicNode> = config
             .members
@@ -523,21 +523,24 @@ impl Cluster {
 
     /// Records (durably, in [`MEMBER_IDS_FILE`]) the highest id any group's membership names
     /// now, if it is above the record, and returns the record. Called at each membership
-    /// change this node carries out and every few seconds (`rebalance_loop`), so every
-    /// member notes an id while it is a member; a small synchronous write, and only when the
-    /// record grows.
-    fn note_members(&self) -> Result<NodeId, String> {
+    /// change this node carries out and every 3 s (`rebalance_loop`), so a member notes an
+    /// id that stays a member that long while it is up (docs/operations.md says when one
+    /// can be missed). It writes only when the record grows, off the runtime.
+    async fn note_members(&self) -> Result<NodeId, String> {
         let seen = self.known_ids().keys().copied().max().unwrap_or(0);
-        let mut highest = lock(&self.highest_member);
+        let mut highest = self.highest_member.lock().await;
         if seen > *highest {
-            crate::member::write_record(&self.config.data_dir, MEMBER_IDS_FILE, seen).map_err(
-                |e| {
-                    format!(
-                        "cannot record the highest member id in {}: {e}",
-                        self.config.data_dir.display()
-                    )
-                },
-            )?;
+            let dir = self.config.data_dir.clone();
+            crate::member::blocking_io(self.config.hooks.io_on_runtime, move || {
+                crate::member::write_record(&dir, MEMBER_IDS_FILE, seen)
+            })
+            .await
+            .map_err(|e| {
+                format!(
+                    "cannot record the highest member id in {}: {e}",
+                    self.config.data_dir.display()
+                )
+            })?;
             *highest = seen;
         }
         Ok(*highest)
@@ -550,7 +553,7 @@ impl Cluster {
     pub async fn change_members(&self, change: MemberChange) -> Result<(), String> {
         let known = self.known_ids();
         // Before a remove, so that the id being removed is on record.
-        let highest = self.note_members()?;
+        let highest = self.note_members().await?;
         match &change {
             MemberChange::Add { id, addr } => {
                 if !crate::config::is_host_port(addr) {
@@ -568,7 +571,7 @@ impl Cluster {
                 let max = known.keys().copied().max().unwrap_or(0).max(highest);
                 if *id == 0 || (*id <= max && !known.contains_key(id)) {
                     return Err(format!(
-                        "node id {id} is not fresh: use an id above {max} (ids are never reused, so a removed node's old state cannot come back)"
+                        "node id {id} is not fresh: use an id above {max} (ids are not reused, so that a removed node's old state cannot come back)"
                     ));
                 }
             }
@@ -628,7 +631,7 @@ impl Cluster {
                 ));
             }
         }
-        if let Err(e) = self.note_members() {
+        if let Err(e) = self.note_members().await {
             // The next `rebalance_loop` tick tries again.
             tracing::warn!(error = %e, "membership changed");
         }
@@ -1513,11 +1516,18 @@ async fn rebalance_loop(cluster: std::sync::Weak<Cluster>) {
     tick.tick().await;
     // Per group: the (leader, term) last seen and since when (ns on the node's clock).
     let mut seen: BTreeMap<GroupId, (Option<NodeId>, u64, u64)> = BTreeMap::new();
+    // Whether the last attempt to record the member ids succeeded (a failure is logged once).
+    let mut noted = true;
     loop {
         tick.tick().await;
         let Some(c) = cluster.upgrade() else { return };
-        if let Err(e) = c.note_members() {
-            tracing::warn!(error = %e, "member ids");
+        match c.note_members().await {
+            Ok(_) => noted = true,
+            Err(e) if noted => {
+                tracing::warn!(error = %e, "member ids not recorded; retrying every 3 s");
+                noted = false;
+            }
+            Err(_) => {}
         }
         let me = c.config.node_id;
         let now = c.clock.monotonic();
