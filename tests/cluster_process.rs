@@ -1001,6 +1001,22 @@ fn voters(cluster: &Cluster, i: usize) -> Vec<Vec<u64>> {
         .unwrap_or_default()
 }
 
+/// Waits (up to 10 s) until member `i` sees `want` as every shard's voters: a change
+/// carried out through another member may reach this one's log a moment after the call
+/// returns (a majority without it committed it). Returns what it saw last.
+fn voters_become(cluster: &Cluster, i: usize, want: &[u64]) -> Vec<Vec<u64>> {
+    let started = Instant::now();
+    loop {
+        let seen = voters(cluster, i);
+        if (seen.len() == SHARDS && seen.iter().all(|v| v == want))
+            || started.elapsed() > Duration::from_secs(10)
+        {
+            return seen;
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
 fn change(cluster: &Cluster, via: usize, body: &str) -> String {
     http_within(
         cluster.members[via].http,
@@ -1036,7 +1052,7 @@ async fn a_node_added_at_runtime_serves_and_a_removed_node_leaves() {
     });
     assert!(answer.starts_with("HTTP/1.1 200"), "{answer}");
     blocking(|| cluster.wait_ready(Duration::from_secs(30)));
-    let all = voters(&cluster, four);
+    let all = blocking(|| voters_become(&cluster, four, &[1, 2, 3, 4]));
     assert_eq!(all.len(), SHARDS);
     assert!(all.iter().all(|v| v == &vec![1, 2, 3, 4]), "{all:?}");
     let c4 = client(cluster.members[four].resp);
@@ -1062,7 +1078,7 @@ async fn a_node_added_at_runtime_serves_and_a_removed_node_leaves() {
     // Through node 2, which carried out the add: node 3 learns of id 4 only by itself.
     let answer = blocking(|| change(&cluster, 1, r#"{"remove": {"id": 1}}"#));
     assert!(answer.starts_with("HTTP/1.1 200"), "{answer}");
-    let after = blocking(|| voters(&cluster, 2));
+    let after = blocking(|| voters_become(&cluster, 2, &[2, 3, 4]));
     assert!(after.iter().all(|v| v == &vec![2, 3, 4]), "{after:?}");
     blocking(|| {
         cluster.stop(0);
@@ -1101,7 +1117,7 @@ async fn a_node_added_at_runtime_serves_and_a_removed_node_leaves() {
     }
     let answer = blocking(|| change(&cluster, 1, r#"{"remove": {"id": 4}}"#));
     assert!(answer.starts_with("HTTP/1.1 200"), "{answer}");
-    let after = blocking(|| voters(&cluster, 2));
+    let after = blocking(|| voters_become(&cluster, 2, &[2, 3]));
     assert!(after.iter().all(|v| v == &vec![2, 3]), "{after:?}");
     let back = blocking(|| {
         change(
