@@ -76,16 +76,15 @@ pub const SHARDS_FILE: &str = "shards";
 /// start afresh). A directory without the record gets one (fsynced, then its directory).
 pub fn check_shard_count(data_dir: &std::path::Path, shards: u32) -> io::Result<()> {
     let path = data_dir.join(SHARDS_FILE);
-    match std::fs::read_to_string(&path) {
-        Ok(text) => {
-            let found: u32 = text.trim().parse().map_err(|_| {
+    match read_record(data_dir, SHARDS_FILE)? {
+        Some(text) => {
+            let found: u32 = text.parse().map_err(|_| {
                 io::Error::new(
                     io::ErrorKind::InvalidData,
                     format!(
-                        "{} should hold the data directory's shard count, not {:?}: restore it \
-                         (it is the count the cluster was created with)",
+                        "{} should hold the data directory's shard count, not {text:?}: restore \
+                         it (it is the count the cluster was created with)",
                         path.display(),
-                        text.trim()
                     ),
                 )
             })?;
@@ -102,7 +101,7 @@ pub fn check_shard_count(data_dir: &std::path::Path, shards: u32) -> io::Result<
                 ),
             ))
         }
-        Err(e) if e.kind() == io::ErrorKind::NotFound && data_dir.join("wal").exists() => {
+        None if data_dir.join("wal").exists() => {
             // A log without the record: written by a quorate before the record existed,
             // whose count cannot be known here (the default was 16 then).
             Err(io::Error::new(
@@ -117,10 +116,7 @@ pub fn check_shard_count(data_dir: &std::path::Path, shards: u32) -> io::Result<
                 ),
             ))
         }
-        Err(e) if e.kind() == io::ErrorKind::NotFound => {
-            write_record(data_dir, SHARDS_FILE, shards)
-        }
-        Err(e) => Err(e),
+        None => write_record(data_dir, SHARDS_FILE, shards),
     }
 }
 
@@ -135,7 +131,6 @@ pub const LOG_FORMAT: u32 = 2;
 /// format, or a log without a record (written before format 2). A directory without a
 /// log gets the record (fsynced, then its directory).
 pub fn check_log_format(data_dir: &std::path::Path) -> io::Result<()> {
-    let path = data_dir.join(LOG_FORMAT_FILE);
     let refuse = |found: &str| {
         io::Error::new(
             io::ErrorKind::InvalidData,
@@ -147,16 +142,11 @@ pub fn check_log_format(data_dir: &std::path::Path) -> io::Result<()> {
             ),
         )
     };
-    match std::fs::read_to_string(&path) {
-        Ok(text) if text.trim() == LOG_FORMAT.to_string() => Ok(()),
-        Ok(text) => Err(refuse(text.trim())),
-        Err(e) if e.kind() == io::ErrorKind::NotFound && data_dir.join("wal").exists() => {
-            Err(refuse("1 (no log-format record)"))
-        }
-        Err(e) if e.kind() == io::ErrorKind::NotFound => {
-            write_record(data_dir, LOG_FORMAT_FILE, LOG_FORMAT)
-        }
-        Err(e) => Err(e),
+    match read_record(data_dir, LOG_FORMAT_FILE)? {
+        Some(text) if text == LOG_FORMAT.to_string() => Ok(()),
+        Some(text) => Err(refuse(&text)),
+        None if data_dir.join("wal").exists() => Err(refuse("1 (no log-format record)")),
+        None => write_record(data_dir, LOG_FORMAT_FILE, LOG_FORMAT),
     }
 }
 
@@ -168,25 +158,19 @@ pub const SHARDING_FILE: &str = "sharding";
 /// existed, so with `hash`. A directory without a log gets the record.
 pub fn check_sharding(data_dir: &std::path::Path, sharding: Sharding) -> io::Result<()> {
     let path = data_dir.join(SHARDING_FILE);
-    let found = match std::fs::read_to_string(&path) {
-        Ok(text) => Sharding::parse(text.trim()).ok_or_else(|| {
+    let found = match read_record(data_dir, SHARDING_FILE)? {
+        Some(text) => Sharding::parse(&text).ok_or_else(|| {
             io::Error::new(
                 io::ErrorKind::InvalidData,
                 format!(
-                    "{} should hold the data directory's sharding, hash or slots, not {:?}: \
+                    "{} should hold the data directory's sharding, hash or slots, not {text:?}: \
                      restore it (it is the sharding the cluster was created with)",
                     path.display(),
-                    text.trim()
                 ),
             )
         })?,
-        Err(e) if e.kind() == io::ErrorKind::NotFound && data_dir.join("wal").exists() => {
-            Sharding::Hash
-        }
-        Err(e) if e.kind() == io::ErrorKind::NotFound => {
-            return write_record(data_dir, SHARDING_FILE, sharding.name())
-        }
-        Err(e) => return Err(e),
+        None if data_dir.join("wal").exists() => Sharding::Hash,
+        None => return write_record(data_dir, SHARDING_FILE, sharding.name()),
     };
     if found == sharding {
         return Ok(());
@@ -204,6 +188,36 @@ pub fn check_sharding(data_dir: &std::path::Path, sharding: Sharding) -> io::Res
             found.name()
         ),
     ))
+}
+
+/// The file in a data directory that records the highest node id its member has seen in any
+/// group's membership. A membership names only current members; this record is what keeps
+/// a removed member's id from being given to a new one (`Cluster::change_members`).
+pub const MEMBER_IDS_FILE: &str = "highest-member-id";
+
+/// The record's value: 0 if there is none yet.
+pub(crate) fn read_highest_member(data_dir: &std::path::Path) -> Result<NodeId, String> {
+    let path = data_dir.join(MEMBER_IDS_FILE);
+    let text = read_record(data_dir, MEMBER_IDS_FILE)
+        .map_err(|e| format!("cannot read {}: {e}", path.display()))?;
+    text.map_or(Ok(0), |text| {
+        text.parse().map_err(|_| {
+            format!(
+                "{} should hold the highest node id this member has seen, not {text:?}: write \
+                 the highest id your cluster has ever used into it",
+                path.display(),
+            )
+        })
+    })
+}
+
+/// A one-line record's text, trimmed; `None` if the data directory has no such file.
+fn read_record(data_dir: &std::path::Path, name: &str) -> io::Result<Option<String>> {
+    match std::fs::read_to_string(data_dir.join(name)) {
+        Ok(text) => Ok(Some(text.trim().to_string())),
+        Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(None),
+        Err(e) => Err(e),
+    }
 }
 
 /// Writes a one-line record into the data directory durably: a temporary file, fsynced,
@@ -488,5 +502,19 @@ mod tests {
         let e = check_shard_count(dir.path(), 16).unwrap_err();
         assert_eq!(e.kind(), io::ErrorKind::InvalidData);
         assert!(e.to_string().contains(SHARDS_FILE), "{e}");
+    }
+
+    #[test]
+    fn the_highest_member_record_reads_as_zero_when_absent_and_refuses_garbage() {
+        let dir = tempfile::tempdir().unwrap();
+        assert_eq!(read_highest_member(dir.path()), Ok(0));
+        write_record(dir.path(), MEMBER_IDS_FILE, 7).unwrap();
+        assert_eq!(read_highest_member(dir.path()), Ok(7));
+        std::fs::write(dir.path().join(MEMBER_IDS_FILE), "seven\n").unwrap();
+        let e = read_highest_member(dir.path()).unwrap_err();
+        assert!(
+            e.contains(MEMBER_IDS_FILE) && e.contains("\"seven\""),
+            "{e}"
+        );
     }
 }

@@ -39,6 +39,7 @@ use super::state_machine::{MachineInfo, ShardMachine};
 use super::types::{Applies, GroupId, NodeId, TypeConfig};
 use crate::clock::{ShardTime, SharedClock};
 use crate::limiter::{Decision, Nanos, Outcome};
+use crate::member::MEMBER_IDS_FILE;
 use crate::metrics::Metrics;
 use crate::policy::OnUnavailable;
 use crate::shard::actor::ShardError;
@@ -252,28 +253,6 @@ pub struct Cluster {
     highest_member: tokio::sync::Mutex<NodeId>,
 }
 
-/// The file in a data directory that records the highest node id its member has seen in any
-/// group's membership. A membership names only current members; this record is what keeps
-/// a removed member's id from being given to a new one (`change_members`).
-pub const MEMBER_IDS_FILE: &str = "highest-member-id";
-
-/// The record's value: 0 if there is none yet.
-fn read_highest_member(data_dir: &std::path::Path) -> Result<NodeId, String> {
-    let path = data_dir.join(MEMBER_IDS_FILE);
-    match std::fs::read_to_string(&path) {
-        Ok(text) => text.trim().parse().map_err(|_| {
-            format!(
-                "{} should hold the highest node id this member has seen, not {:?}: write the \
-                 highest id your cluster has ever used into it",
-                path.display(),
-                text.trim()
-            )
-        }),
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(0),
-        Err(e) => Err(format!("cannot read {}: {e}", path.display())),
-    }
-}
-
 /// A member as a Redis Cluster client needs it (`CLUSTER NODES`, `CLUSTER SLOTS`).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ClientNode {
@@ -312,7 +291,8 @@ impl Cluster {
             ));
         }
         let raft_config = config.raft_config()?;
-        let highest_member = tokio::sync::Mutex::new(read_highest_member(&config.data_dir)?);
+        let highest_member =
+            tokio::sync::Mutex::new(crate::member::read_highest_member(&config.data_dir)?);
         let snap_dir = config.data_dir.join("snapshots");
         let members: BTreeMap<NodeId, BasicNode> = config
             .members
@@ -521,13 +501,14 @@ impl Cluster {
         ids
     }
 
-    /// Records (durably, in [`MEMBER_IDS_FILE`]) the highest id any group's membership names
-    /// now, if it is above the record, and returns the record. Called at each membership
+    /// Records (durably, in [`MEMBER_IDS_FILE`]) the highest
+    /// id in `known` (what [`Self::known_ids`] gave), if it is above the record, and returns
+    /// the record. Called at each membership
     /// change this node carries out and every 3 s (`rebalance_loop`), so a member notes an
     /// id that stays a member that long while it is up (docs/operations.md says when one
     /// can be missed). It writes only when the record grows, off the runtime.
-    async fn note_members(&self) -> Result<NodeId, String> {
-        let seen = self.known_ids().keys().copied().max().unwrap_or(0);
+    async fn note_members(&self, known: &BTreeMap<NodeId, String>) -> Result<NodeId, String> {
+        let seen = known.keys().copied().max().unwrap_or(0);
         let mut highest = self.highest_member.lock().await;
         if seen > *highest {
             let dir = self.config.data_dir.clone();
@@ -553,7 +534,7 @@ impl Cluster {
     pub async fn change_members(&self, change: MemberChange) -> Result<(), String> {
         let known = self.known_ids();
         // Before a remove, so that the id being removed is on record.
-        let highest = self.note_members().await?;
+        let highest = self.note_members(&known).await?;
         match &change {
             MemberChange::Add { id, addr } => {
                 if !crate::config::is_host_port(addr) {
@@ -568,10 +549,10 @@ impl Cluster {
                         ));
                     }
                 }
-                let max = known.keys().copied().max().unwrap_or(0).max(highest);
-                if *id == 0 || (*id <= max && !known.contains_key(id)) {
+                // The record is at least every id in `known`.
+                if *id == 0 || (*id <= highest && !known.contains_key(id)) {
                     return Err(format!(
-                        "node id {id} is not fresh: use an id above {max} (ids are not reused, so that a removed node's old state cannot come back)"
+                        "node id {id} is not fresh: use an id above {highest} (ids are not reused, so that a removed node's old state cannot come back)"
                     ));
                 }
             }
@@ -631,7 +612,7 @@ impl Cluster {
                 ));
             }
         }
-        if let Err(e) = self.note_members().await {
+        if let Err(e) = self.note_members(&self.known_ids()).await {
             // The next `rebalance_loop` tick tries again.
             tracing::warn!(error = %e, "membership changed");
         }
@@ -1521,7 +1502,7 @@ async fn rebalance_loop(cluster: std::sync::Weak<Cluster>) {
     loop {
         tick.tick().await;
         let Some(c) = cluster.upgrade() else { return };
-        match c.note_members().await {
+        match c.note_members(&c.known_ids()).await {
             Ok(_) => noted = true,
             Err(e) if noted => {
                 tracing::warn!(error = %e, "member ids not recorded; retrying every 3 s");

@@ -188,19 +188,8 @@ fn persist(path: &Path, stored: &Stored) -> std::io::Result<()> {
     write_durably(path, &[&len, &meta, &stored.data])
 }
 
-/// Writes a snapshot from a blocking-pool thread, or `inline` on the caller (the simulation:
-/// a pool thread's timing is outside simulated time).
-async fn persist_off_runtime(path: PathBuf, stored: Stored, inline: bool) -> std::io::Result<()> {
-    if inline {
-        return persist(&path, &stored);
-    }
-    tokio::task::spawn_blocking(move || persist(&path, &stored))
-        .await
-        .map_err(std::io::Error::other)?
-}
-
 pub struct ShardSnapshotBuilder {
-    /// Write the snapshot inline (see [`persist_off_runtime`]).
+    /// Write the snapshot inline (see [`crate::member::blocking_io`]).
     inline: bool,
     stored: Stored,
     path: PathBuf,
@@ -212,7 +201,8 @@ impl RaftSnapshotBuilder<TypeConfig> for ShardSnapshotBuilder {
     async fn build_snapshot(&mut self) -> Result<Snapshot<TypeConfig>, StorageError<NodeId>> {
         let stored = self.stored.clone();
         let path = self.path.clone();
-        persist_off_runtime(path, stored.clone(), self.inline)
+        let written = stored.clone();
+        crate::member::blocking_io(self.inline, move || persist(&path, &written))
             .await
             .map_err(snap_write)?;
         *lock(&self.current) = Some(stored.clone());
@@ -319,8 +309,8 @@ impl RaftStateMachine<TypeConfig> for ShardMachine {
             data: Arc::new(data),
         };
         // On disk first: once installed, openraft may purge the log it replaces.
-        let path = self.path.clone();
-        persist_off_runtime(path, stored.clone(), self.hooks.io_on_runtime)
+        let (path, written) = (self.path.clone(), stored.clone());
+        crate::member::blocking_io(self.hooks.io_on_runtime, move || persist(&path, &written))
             .await
             .map_err(snap_write)?;
         self.restore(meta.clone(), &stored.data).map_err(sm_read)?;
