@@ -213,6 +213,10 @@ struct ClusterArgs {
     /// instead of at the nemesis's next heal.
     #[arg(long)]
     quick_restarts: bool,
+    /// A check whose outcome is unknown (timeout, lost connection, TRYAGAIN) is sent again
+    /// under the same request id, up to 3 more times.
+    #[arg(long)]
+    retry_clients: bool,
     /// How the nodes spread keys over shards: "hash" or "slots" (Redis Cluster's hash slots).
     #[arg(long, default_value = "hash", value_parser = parse_sharding)]
     sharding: quorate::shard::route::Sharding,
@@ -425,6 +429,7 @@ fn sim_cluster(a: ClusterArgs) -> Result<(), CliError> {
         clients: a.clients,
         failover_clients: a.failover_clients,
         quick_restarts: a.quick_restarts,
+        retry_clients: a.retry_clients,
         sharding: a.sharding,
         nemesis: !a.no_nemesis,
         controls: Controls {

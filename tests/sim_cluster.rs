@@ -209,6 +209,38 @@ fn quick_restarts_under_heavy_fast_load_find_no_violation() {
     sweep_seeds(&base, 1, 6);
 }
 
+/// Clients that send a check again under its request id when its outcome is unknown
+/// (`--retry-clients`), while crashed nodes come back quickly and leaders change: every
+/// id is decided once in the committed log (`check_once`), a repeat is answered from the
+/// replicated idempotency table, and an acknowledged answer is the log's (`check_lost`).
+/// scripts/negative-controls stops the table from remembering ids and sees this fail (in
+/// each of seeds 1-6 on the release build; without retrying clients no checker sees it).
+/// `.ci/run` runs 20 more seeds of this kind on the release build.
+#[test]
+fn retried_checks_are_decided_once() {
+    let base = Options {
+        clients: 30,
+        quick_restarts: true,
+        retry_clients: true,
+        ..sweep_options()
+    };
+    let plan = Plan {
+        exe: env!("CARGO_BIN_EXE_quorate").into(),
+        jobs: 1,
+        twice: false,
+        trace_last: None,
+        stop_at_first_failure: true,
+    };
+    let s = sweep(&base, 1, 3, &plan, |_, _| {});
+    assert!(s.failing.is_empty(), "{}", s.summary(&base));
+    assert!(
+        s.ops.retried > 0,
+        "no check was retried: {}",
+        s.summary(&base)
+    );
+    eprintln!("{}", s.summary(&base));
+}
+
 /// Two fresh processes, the same seed (60 s with crashes, partitions and clock faults): the
 /// same bytes. (Within one process a second run is not yet identical after a crash fault:
 /// docs/verification.md, "Known gaps".)

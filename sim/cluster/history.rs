@@ -194,6 +194,9 @@ pub struct History {
     /// whether or not another node is elected before it restarts (a restarted node can lead
     /// the same term again: openraft keeps a committed vote).
     pub leader_crashes: BTreeMap<u64, u64>,
+    /// Checks sent again under their request id after an unknown outcome
+    /// (`--retry-clients`).
+    pub retries: u64,
 }
 
 /// Formats simulated nanoseconds as seconds with millisecond precision.
@@ -204,6 +207,11 @@ pub fn secs(ns: Nanos) -> String {
 impl History {
     pub fn event(&mut self, at: Nanos, what: impl std::fmt::Display) {
         let _ = writeln!(self.trace, "{} {what}", secs(at));
+    }
+
+    pub fn retry(&mut self, at: Nanos, what: impl std::fmt::Display) {
+        self.retries += 1;
+        self.event(at, what);
     }
 
     pub fn fault(&mut self, at: Nanos, what: impl std::fmt::Display) {

@@ -9,6 +9,7 @@
 //! - [`check_strict`] — strict limits never over-admit in any window;
 //! - [`check_fast`] — fast limits over-admit only within their bound;
 //! - [`check_lost`] — no acknowledged strict admission is lost, and no denial was spent;
+//! - [`check_once`] — a request id is decided once, however often it is retried;
 //! - [`check_drift`] — in true time, strict limits over-admit no more than clock drift allows;
 //! - [`check_agree`] — replicas applied the same log and agree once healed;
 //! - [`check_live`] — after healing, leaders everywhere and admissions within a bound;
@@ -29,6 +30,7 @@ pub mod check_drift;
 pub mod check_fast;
 pub mod check_live;
 pub mod check_lost;
+pub mod check_once;
 pub mod check_strict;
 pub mod history;
 pub mod hosts;
@@ -115,6 +117,11 @@ pub struct Options {
     /// nemesis's next heal. Off by default, so that
     /// seeds replay as they did before the option existed.
     pub quick_restarts: bool,
+    /// A client whose check's outcome is unknown (a timeout, a lost connection, the
+    /// cluster's `TRYAGAIN`) sends it again under the same request id, up to
+    /// [`workload::RETRIES`] times (`--retry-clients`): what `check_once` judges. Off by
+    /// default, so that seeds replay as they did before the option existed.
+    pub retry_clients: bool,
     pub keys: usize,
     /// Each client waits a uniform time in this range (ms) between operations.
     pub think_ms: (u64, u64),
@@ -141,6 +148,7 @@ impl Default for Options {
             clients: 6,
             failover_clients: false,
             quick_restarts: false,
+            retry_clients: false,
             keys: 300,
             think_ms: (5, 40),
             nemesis: true,
@@ -166,6 +174,10 @@ pub struct OpCounts {
     pub undecided: u64,
     /// Unknown outcomes the applied logs show were admitted.
     pub unknown_admitted: u64,
+    /// Checks sent again under their request id (`--retry-clients`); absent from the
+    /// results of builds before the option.
+    #[serde(default)]
+    pub retried: u64,
 }
 
 /// One run's result.
@@ -234,6 +246,9 @@ pub fn reproduce(opts: &Options) -> String {
     }
     if opts.quick_restarts {
         cmd += " --quick-restarts";
+    }
+    if opts.retry_clients {
+        cmd += " --retry-clients";
     }
     if opts.sharding != Sharding::Hash {
         cmd += &format!(" --sharding {}", opts.sharding.name());
@@ -546,7 +561,10 @@ fn run_checked(opts: &Options) -> Report {
             (check_fast::allowance(l, lost), o.consistency)
         })
     };
-    let mut ops = OpCounts::default();
+    let mut ops = OpCounts {
+        retried: history.retries,
+        ..OpCounts::default()
+    };
     for op in &history.ops {
         ops.invoked += 1;
         match &op.outcome {
@@ -578,6 +596,7 @@ fn run_checked(opts: &Options) -> Report {
         |k| consistency(k).is_some_and(|c| c.1 == Consistency::Strict),
     ));
     violations.extend(check_lost::check(&history, &decisions));
+    violations.extend(check_once::check(&log));
     let (fast_excess, fast) = check_fast::check(
         &history,
         &log,

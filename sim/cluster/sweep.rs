@@ -85,6 +85,9 @@ fn child(exe: &Path, opts: &Options, trace: Option<&Path>) -> Command {
     if opts.quick_restarts {
         cmd.arg("--quick-restarts");
     }
+    if opts.retry_clients {
+        cmd.arg("--retry-clients");
+    }
     cmd.args(["--sharding", opts.sharding.name()]);
     if !opts.nemesis {
         cmd.arg("--no-nemesis");
@@ -231,6 +234,7 @@ impl Sweep {
         o.unknown += r.ops.unknown;
         o.undecided += r.ops.undecided;
         o.unknown_admitted += r.ops.unknown_admitted;
+        o.retried += r.ops.retried;
         if !r.violations.is_empty() {
             self.failing.push((r.seed, r.violations));
         }
@@ -252,6 +256,13 @@ impl Sweep {
             "operations: {} invoked, {} allowed, {} denied, {} failed, {} unknown ({} of them TRYAGAIN from a shard that could not decide in time; {} applied as admissions)",
             o.invoked, o.allowed, o.denied, o.failed, o.unknown, o.undecided, o.unknown_admitted
         );
+        if o.retried > 0 {
+            let _ = writeln!(
+                t,
+                "retries: {} checks sent again under their request id after an unknown outcome",
+                o.retried
+            );
+        }
         let _ = writeln!(
             t,
             "faults: {}; fast admissions not in the log (within bound): {}",

@@ -5,7 +5,9 @@
 //! invoked, then allowed, denied, failed or unknown — in the shared history. With
 //! `--failover-clients` the client of that node knows the others too, moves to the next
 //! one up when the node is down, and sends each check to its shard's leader once it has a
-//! routing map (its history entry still names the node chosen first).
+//! routing map (its history entry still names the node chosen first). With
+//! `--retry-clients` a check whose outcome is unknown is sent again under the same request
+//! id, after a pause, up to [`RETRIES`] times; the history records the last answer.
 
 use super::history::{History, Op, Outcome};
 use super::hosts::NodeHandle;
@@ -99,6 +101,9 @@ impl Zipf {
     }
 }
 
+/// How many times a `--retry-clients` client sends a check again after an unknown outcome.
+pub const RETRIES: u32 = 3;
+
 /// Simulated nanoseconds since the simulation began (inside a host or client).
 pub fn now() -> u64 {
     turmoil::sim_elapsed()
@@ -178,15 +183,34 @@ pub async fn client(
                 completed: None,
                 outcome: Outcome::Pending,
             });
-        let answer = clients[target]
-            .check(&[(policy.as_str(), key.as_str(), 1)], Some(&id))
-            .await;
-        let outcome = match answer {
-            Ok(a) if a.allowed => Outcome::Allowed,
-            Ok(_) => Outcome::Denied,
-            Err(ClientError::Connect(e)) => Outcome::Failed(format!("connect: {e}")),
-            Err(ClientError::Server(e)) => Outcome::Failed(format!("server: {e}")),
-            Err(e) => Outcome::Unknown(e.to_string()),
+        let mut attempt = 0;
+        let outcome = loop {
+            let answer = clients[target]
+                .check(&[(policy.as_str(), key.as_str(), 1)], Some(&id))
+                .await;
+            let outcome = match answer {
+                Ok(a) if a.allowed => Outcome::Allowed,
+                Ok(_) => Outcome::Denied,
+                Err(ClientError::Connect(e)) => Outcome::Failed(format!("connect: {e}")),
+                Err(ClientError::Server(e)) => Outcome::Failed(format!("server: {e}")),
+                Err(e) => Outcome::Unknown(e.to_string()),
+            };
+            let again = matches!(outcome, Outcome::Unknown(_))
+                && opts.retry_clients
+                && attempt < RETRIES
+                && now() < stop_ns;
+            if !again {
+                break outcome;
+            }
+            attempt += 1;
+            // 0.1-1 s: the nemesis's faults last seconds, so some retries land during the
+            // fault and some after it.
+            let pause = rng.random_range(100..=1000);
+            history.lock().unwrap_or_else(|p| p.into_inner()).retry(
+                now(),
+                format_args!("c{index} retry {id} ({attempt}) in {pause} ms"),
+            );
+            tokio::time::sleep(Duration::from_millis(pause)).await;
         };
         history
             .lock()
