@@ -178,6 +178,9 @@ pub struct OpCounts {
     /// results of builds before the option.
     #[serde(default)]
     pub retried: u64,
+    /// Checks the log answered from the idempotency table: a request id seen before.
+    #[serde(default)]
+    pub replayed: u64,
 }
 
 /// One run's result.
@@ -563,6 +566,12 @@ fn run_checked(opts: &Options) -> Report {
     };
     let mut ops = OpCounts {
         retried: history.retries,
+        replayed: log
+            .entries
+            .values()
+            .flat_map(|r| &r.checks)
+            .filter(|c| c.replayed)
+            .count() as u64,
         ..OpCounts::default()
     };
     for op in &history.ops {

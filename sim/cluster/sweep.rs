@@ -235,6 +235,7 @@ impl Sweep {
         o.undecided += r.ops.undecided;
         o.unknown_admitted += r.ops.unknown_admitted;
         o.retried += r.ops.retried;
+        o.replayed += r.ops.replayed;
         if !r.violations.is_empty() {
             self.failing.push((r.seed, r.violations));
         }
@@ -259,8 +260,9 @@ impl Sweep {
         if o.retried > 0 {
             let _ = writeln!(
                 t,
-                "retries: {} checks sent again under their request id after an unknown outcome",
-                o.retried
+                "retries: {} checks sent again under their request id after an unknown outcome; \
+                 {} answered in the log from their id's first decision",
+                o.retried, o.replayed
             );
         }
         let _ = writeln!(
