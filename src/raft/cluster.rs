@@ -501,12 +501,12 @@ impl Cluster {
         ids
     }
 
-    /// Records (durably, in [`MEMBER_IDS_FILE`]) the highest
-    /// id in `known` (what [`Self::known_ids`] gave), if it is above the record, and returns
-    /// the record. Called at each membership
-    /// change this node carries out and every 3 s (`rebalance_loop`), so a member notes an
-    /// id that stays a member that long while it is up (docs/operations.md says when one
-    /// can be missed). It writes only when the record grows, off the runtime.
+    /// Records (durably, in [`MEMBER_IDS_FILE`]) the highest id in `known` (what
+    /// [`Self::known_ids`] gave), if it is above the record, and returns the record. Called
+    /// at each membership change this node carries out and every 3 s (`rebalance_loop`), so
+    /// a member notes an id that stays a member that long while it is up
+    /// (docs/operations.md says when one can be missed). It writes only when the record
+    /// grows, off the runtime.
     async fn note_members(&self, known: &BTreeMap<NodeId, String>) -> Result<NodeId, String> {
         let seen = known.keys().copied().max().unwrap_or(0);
         let mut highest = self.highest_member.lock().await;
