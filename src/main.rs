@@ -217,6 +217,10 @@ struct ClusterArgs {
     /// under the same request id, up to 3 more times.
     #[arg(long)]
     retry_clients: bool,
+    /// Half the checks name two limits (all-or-nothing across shards: a denial refunds
+    /// what the other item admitted).
+    #[arg(long)]
+    multi_item_clients: bool,
     /// How the nodes spread keys over shards: "hash" or "slots" (Redis Cluster's hash slots).
     #[arg(long, default_value = "hash", value_parser = parse_sharding)]
     sharding: quorate::shard::route::Sharding,
@@ -430,6 +434,7 @@ fn sim_cluster(a: ClusterArgs) -> Result<(), CliError> {
         failover_clients: a.failover_clients,
         quick_restarts: a.quick_restarts,
         retry_clients: a.retry_clients,
+        multi_item_clients: a.multi_item_clients,
         sharding: a.sharding,
         nemesis: !a.no_nemesis,
         controls: Controls {

@@ -123,9 +123,12 @@ pub fn check_shard_count(data_dir: &std::path::Path, shards: u32) -> io::Result<
 /// The file in a data directory that records the format of its log entries.
 pub const LOG_FORMAT_FILE: &str = "log-format";
 
-/// The log entry format this build writes and reads. 2: entries carry the shard times of
-/// their parts (`Batch::later`); 1 (no record) had one time per entry.
-pub const LOG_FORMAT: u32 = 2;
+/// The log entry format this build writes and reads (entries and snapshots). 3: refunds
+/// carry their admission's request id, snapshots remember when each id was decided and
+/// whether it was refunded, and bucket and GCRA keys their last admission's time; 2:
+/// entries carry the shard times of their parts (`Batch::later`); 1 (no record) had one
+/// time per entry.
+pub const LOG_FORMAT: u32 = 3;
 
 /// Refuses a data directory whose log this build cannot read: one recorded with another
 /// format, or a log without a record (written before format 2). A directory without a
@@ -344,6 +347,9 @@ pub async fn start<P: Listener, C: Connector>(
     cluster_config.pipeline = settings.pipeline;
     cluster_config.snapshot_every = settings.snapshot_every;
     cluster_config.hooks = settings.hooks.clone();
+    let incarnation = derive_seed(&seed, b"incarnation");
+    cluster_config.incarnation =
+        u64::from_le_bytes(incarnation[..8].try_into().unwrap_or_default());
     let bounds = Service::bounds(&config);
     // openraft's random draws (election timeouts) come from the node's seed, not the OS's
     // directly: under the simulation that makes elections reproducible.
@@ -481,9 +487,10 @@ mod tests {
             format!("{LOG_FORMAT}\n")
         );
         check_log_format(&data).unwrap();
-        std::fs::write(data.join(LOG_FORMAT_FILE), "3\n").unwrap();
+        // The format before this build's.
+        std::fs::write(data.join(LOG_FORMAT_FILE), "2\n").unwrap();
         let e = check_log_format(&data).unwrap_err();
-        assert!(e.to_string().contains("format 3"), "{e}");
+        assert!(e.to_string().contains("format 2"), "{e}");
         // A log written before the record (format 1) is refused, and no record is written.
         let old = dir.path().join("old");
         std::fs::create_dir_all(old.join("wal")).unwrap();

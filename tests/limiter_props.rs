@@ -314,6 +314,52 @@ proptest! {
         }
     }
 
+    /// A refund given after other admissions of the key leaves it no better off than a key
+    /// that never made the refunded admission: every later admission (every one, in fact)
+    /// is one that key admits too, sent the same admissions but that one. (A refund that
+    /// gave back the whole cost after a later admission let a bucket or GCRA admit more than
+    /// its bound: the cluster simulation's check of several items found it.)
+    #[test]
+    fn a_refund_never_admits_more_than_a_key_that_never_made_the_admission(
+        alg in prop::sample::select(Algorithm::ALL.to_vec()),
+        p in params(),
+        s in steps(),
+        pick in 0..40usize,
+        delay in prop_oneof![Just(0usize), 0..6usize, 0..60usize],
+    ) {
+        let l = Limit::new(alg, p.0, p.1, p.2).unwrap();
+        // `x` makes the admission and refunds it `delay` steps later; `y` never makes it.
+        let (mut x, mut y) = (l.new_state(), l.new_state());
+        let mut pending: Option<(Nanos, u64, usize)> = None;
+        let mut picked = false;
+        let mut now = 0;
+        for (i, step) in s.iter().enumerate() {
+            now += step.gap;
+            if let Some((at, cost, _)) = pending.filter(|p| p.2 == i) {
+                l.refund(&mut x, at, cost);
+                pending = None;
+            }
+            if !l.decide(&mut x, now, step.cost).allowed() {
+                continue;
+            }
+            if !picked && i >= pick && step.cost > 0 {
+                picked = true;
+                pending = Some((now, step.cost, i + delay));
+                if delay == 0 {
+                    l.refund(&mut x, now, step.cost);
+                    pending = None;
+                }
+                continue;
+            }
+            let d = l.decide(&mut y, now, step.cost);
+            prop_assert!(
+                d.allowed(),
+                "step {i} (t {now}, cost {}): admitted by the key that refunded, denied by one that never made the admission ({d:?})",
+                step.cost
+            );
+        }
+    }
+
     /// The precomputed-reciprocal division is exact for every dividend and divisor.
     #[test]
     fn divisor_division_is_exact(

@@ -135,6 +135,7 @@ fn entry(term: u64, index: u64) -> Entry {
             time: index * 1_000,
             commands: vec![Command::Evict],
             later: Vec::new(),
+            epoch: 0,
         })),
         _ => EntryPayload::Membership(Membership::new(vec![BTreeSet::from([1, 2, 3])], None)),
     };

@@ -87,6 +87,56 @@ async fn a_check_of_several_limits_consumes_nothing_when_one_denies() {
     assert_eq!(remaining(&s, "ip", "10.0.0.1").await, 3, "and was refunded");
 }
 
+/// A retry of a check whose first attempt admitted one item and never had the other decided
+/// (its shard failed; here, the first attempt did not name it) gets the admission replayed
+/// from the request id; when the retry is denied, that replayed admission is refunded — once,
+/// however many denied retries follow (the refund names the id, and the shard gives an
+/// admission under an id back once).
+#[tokio::test]
+async fn a_denied_retry_refunds_the_admission_it_replays_once() {
+    let (s, _) = start(NodeConfig::default()).await;
+    assert!(
+        s.check(req(vec![item("account", "carol", 2)]))
+            .await
+            .unwrap()
+            .allowed
+    );
+    let with_id = |items| {
+        let mut r = req(items);
+        r.request_id = Some("r1".into());
+        r
+    };
+    let first = s
+        .check(with_id(vec![item("ip", "10.0.0.9", 1)]))
+        .await
+        .unwrap();
+    assert!(first.allowed);
+    assert_eq!(remaining(&s, "ip", "10.0.0.9").await, 2);
+    let retry = || with_id(vec![item("ip", "10.0.0.9", 1), item("account", "carol", 1)]);
+    let denied = s.check(retry()).await.unwrap();
+    assert!(!denied.allowed && denied.items[0].decision.allowed());
+    assert_eq!(
+        remaining(&s, "ip", "10.0.0.9").await,
+        3,
+        "the replayed admission was not refunded"
+    );
+    // Spend one unit of the ip's window, then deny the retry twice more: no more back.
+    assert!(
+        s.check(req(vec![item("ip", "10.0.0.9", 1)]))
+            .await
+            .unwrap()
+            .allowed
+    );
+    for _ in 0..2 {
+        assert!(!s.check(retry()).await.unwrap().allowed);
+    }
+    assert_eq!(
+        remaining(&s, "ip", "10.0.0.9").await,
+        2,
+        "a refund under the id gave back twice"
+    );
+}
+
 #[tokio::test]
 async fn the_items_of_a_check_land_on_different_shards() {
     let (s, _) = start(NodeConfig::default()).await;

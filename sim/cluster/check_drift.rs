@@ -23,8 +23,8 @@ use std::collections::BTreeMap;
 /// One key's admissions: `(shard time, earliest true time, latest true time, cost)`.
 type Spans = Vec<(Nanos, Nanos, Nanos, u64)>;
 
-/// Violations over the committed log's strict bucket and GCRA admissions (`is_strict` by
-/// storage key), `end` the true time the run ended.
+/// Violations over the committed log's strict bucket and GCRA admissions, refunds taken out
+/// (`is_strict` by storage key), `end` the true time the run ended.
 pub fn check(
     log: &AppliedLog,
     ops: &[Op],
@@ -36,32 +36,30 @@ pub fn check(
     // applied, as an admission, after it (taking every other outcome so is the safe side).
     let calls: BTreeMap<String, (Nanos, Nanos)> = ops
         .iter()
-        .map(|o| {
+        .flat_map(|o| {
             let by = match (&o.outcome, o.completed) {
                 (Outcome::Allowed, Some(t)) => t,
                 _ => end,
             };
-            (format!("{}#0", o.id), (o.invoked, by))
+            o.logged().map(move |(id, _)| (id, (o.invoked, by)))
         })
         .collect();
     let mut keys: BTreeMap<&str, (&Limit, Spans)> = BTreeMap::new();
-    for r in log.entries.values() {
-        for c in &r.checks {
-            let bucket = matches!(
-                c.limit.algorithm(),
-                Algorithm::TokenBucket | Algorithm::Gcra
-            );
-            if !c.allowed || c.replayed || c.fallback || !bucket || !is_strict(&c.key) {
-                continue;
-            }
-            let Some(&(lo, hi)) = c.request_id.as_ref().and_then(|id| calls.get(id)) else {
-                continue;
-            };
-            keys.entry(c.key.as_str())
-                .or_insert_with(|| (&c.limit, Vec::new()))
-                .1
-                .push((c.at, lo, hi, c.cost));
+    for c in log.spent() {
+        let bucket = matches!(
+            c.limit.algorithm(),
+            Algorithm::TokenBucket | Algorithm::Gcra
+        );
+        if !bucket || !is_strict(&c.key) {
+            continue;
         }
+        let Some(&(lo, hi)) = c.request_id.as_ref().and_then(|id| calls.get(id)) else {
+            continue;
+        };
+        keys.entry(c.key.as_str())
+            .or_insert_with(|| (&c.limit, Vec::new()))
+            .1
+            .push((c.at, lo, hi, c.cost));
     }
     keys.into_iter()
         .filter_map(|(key, (limit, mut spans))| {

@@ -61,22 +61,19 @@ pub fn check(
     // (limit, key) -> admissions told to clients and missing from the log.
     let mut excess: BTreeMap<(&str, &str), u64> = BTreeMap::new();
     let mut denied = Vec::new();
-    for op in history
-        .ops
-        .iter()
-        .filter(|o| o.fast && o.outcome == Outcome::Allowed)
-    {
-        let id = format!("{}#0", op.id);
-        match decisions.get(id.as_str()) {
-            Some((true, _)) => {}
-            Some((false, _)) => denied.push(format!(
-                "fast: {} ({} {}) was answered as admitted but the log denied it (the log must repeat the leader's answers)",
-                op.id, op.policy, op.key
-            )),
-            None => {
-                *excess
-                    .entry((op.policy.as_str(), op.key.as_str()))
-                    .or_default() += 1
+    for op in history.ops.iter().filter(|o| o.outcome == Outcome::Allowed) {
+        for (id, item) in op.logged().filter(|(_, i)| i.fast) {
+            match decisions.get(id.as_str()) {
+                Some((true, _)) => {}
+                Some((false, _)) => denied.push(format!(
+                    "fast: {id} ({} {}) was answered as admitted but the log denied it (the log must repeat the leader's answers)",
+                    item.policy, item.key
+                )),
+                None => {
+                    *excess
+                        .entry((item.policy.as_str(), item.key.as_str()))
+                        .or_default() += 1
+                }
             }
         }
     }
@@ -125,9 +122,12 @@ mod tests {
             ops: vec![Op {
                 client: 0,
                 id: "c0-1".into(),
-                policy: "p".into(),
-                key: "k".into(),
-                fast: true,
+                anonymous: false,
+                items: vec![super::super::history::Item {
+                    policy: "p".into(),
+                    key: "k".into(),
+                    fast: true,
+                }],
                 node: 2,
                 invoked: 0,
                 completed: Some(1),

@@ -7,39 +7,83 @@
 //! in the log. A denial says nothing was spent, so a caller retries it under a new request id
 //! (the id's first answer is kept); had the log admitted it, the retry would spend twice. An
 //! `on_unavailable` denial of a check the leader went on to admit did exactly that (the
-//! clients here always send an id: no denial is given from a member's cache).
+//! clients here send an id with every check of one item: no denial of one is given from a
+//! member's cache). A check of
+//! several items may be denied with admissions of its other items in the log: those must be
+//! refunded, or they stay spent ([`kept`], the safe side); and no item of an admitted check
+//! is ever refunded.
 
 use super::history::{History, Outcome};
 use crate::limiter::Nanos;
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 
-pub fn check(history: &History, decisions: &BTreeMap<&str, (bool, Nanos)>) -> Vec<String> {
+pub fn check(
+    history: &History,
+    decisions: &BTreeMap<&str, (bool, Nanos)>,
+    refunded: &BTreeSet<&str>,
+) -> Vec<String> {
     let mut out = Vec::new();
+    for op in history.ops.iter().filter(|o| o.outcome == Outcome::Allowed) {
+        for (id, item) in op.logged() {
+            // Its caller spends it: nothing may give it back.
+            if refunded.contains(id.as_str()) {
+                out.push(format!(
+                    "{id} ({} {}) was acknowledged as admitted but the log refunded it",
+                    item.policy, item.key
+                ));
+            }
+            if item.fast {
+                continue;
+            }
+            match decisions.get(id.as_str()) {
+                Some((true, _)) => {}
+                Some((false, _)) => out.push(format!(
+                    "strict: {id} ({} {}) was acknowledged as admitted but the log denied it",
+                    item.policy, item.key
+                )),
+                None => out.push(format!(
+                    "strict: {id} ({} {}) was acknowledged as admitted but is in no node's applied log (lost)",
+                    item.policy, item.key
+                )),
+            }
+        }
+    }
+    // A check of several items that one of them denied holds the others' admissions until
+    // their refunds apply (`check_strict` takes refunds out); one whose refund never applied
+    // stays spent, the safe side, and is counted by `kept`.
     for op in history
         .ops
         .iter()
-        .filter(|o| !o.fast && o.outcome == Outcome::Allowed)
+        .filter(|o| o.outcome == Outcome::Denied && o.items.len() == 1)
     {
-        let id = format!("{}#0", op.id);
-        match decisions.get(id.as_str()) {
-            Some((true, _)) => {}
-            Some((false, _)) => out.push(format!(
-                "strict: {} ({} {}) was acknowledged as admitted but the log denied it",
-                op.id, op.policy, op.key
-            )),
-            None => out.push(format!(
-                "strict: {} ({} {}) was acknowledged as admitted but is in no node's applied log (lost)",
-                op.id, op.policy, op.key
-            )),
-        }
-    }
-    for op in history.ops.iter().filter(|o| o.outcome == Outcome::Denied) {
-        if let Some((true, _)) = decisions.get(format!("{}#0", op.id).as_str()) {
-            out.push(format!(
-                "{} ({} {}) was answered as denied but the log admitted it (spent unknown to its caller)",
-                op.id, op.policy, op.key
-            ));
+        for (id, item) in op.logged() {
+            if let Some((true, _)) = decisions.get(id.as_str()) {
+                out.push(format!(
+                    "{} ({} {}) was answered as denied but the log admitted it (spent unknown to its caller)",
+                    op.id, item.policy, item.key
+                ));
+            }
         }
     }
     out
+}
+
+/// The admissions of checks answered as denied (of several items: another item denied)
+/// that the log holds and never refunded: a refund that did not apply in time (its shard
+/// had no leader, the call timed out). Spent, unknown to their caller: the safe side of the
+/// all-or-nothing rule, and what a caller's retry under a new id spends again.
+pub fn kept(
+    history: &History,
+    decisions: &BTreeMap<&str, (bool, Nanos)>,
+    refunded: &BTreeSet<&str>,
+) -> u64 {
+    history
+        .ops
+        .iter()
+        .filter(|o| o.outcome == Outcome::Denied && o.items.len() > 1)
+        .flat_map(|o| o.logged())
+        .filter(|(id, _)| {
+            matches!(decisions.get(id.as_str()), Some((true, _))) && !refunded.contains(id.as_str())
+        })
+        .count() as u64
 }

@@ -5,6 +5,7 @@
 use crate::limiter::{Limit, Nanos};
 use crate::raft::hooks::AppliedEntry;
 use crate::raft::NodeId;
+use crate::service::item_request_id;
 use crate::shard::command::{Applied, Command};
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
@@ -36,19 +37,58 @@ impl Outcome {
     }
 }
 
-/// One client operation: one single-item check with a unique request id.
+/// One limit a check names: a policy and the key it is spent on.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Item {
+    pub policy: String,
+    pub key: String,
+    /// The policy's consistency is `fast`.
+    pub fast: bool,
+}
+
+/// One client operation: a check with a unique request id, of one item or (with
+/// `--multi-item-clients`) two, all or nothing.
 #[derive(Debug, Clone)]
 pub struct Op {
     pub client: usize,
-    /// The request id the client sent (the log carries `"{id}#0"`).
+    /// The operation's name, and the request id the client sent with it (the log carries
+    /// item `i` as `"{id}#{i}"`) unless `anonymous`.
     pub id: String,
-    pub policy: String,
-    pub key: String,
-    pub fast: bool,
+    /// Sent without a request id (`--multi-item-clients` sends a quarter of its checks of
+    /// two items so): no retry, and the log cannot tie its decisions to it.
+    pub anonymous: bool,
+    pub items: Vec<Item>,
     pub node: NodeId,
     pub invoked: Nanos,
     pub completed: Option<Nanos>,
     pub outcome: Outcome,
+}
+
+impl Op {
+    /// Each item with the request id the log carries it under; none for an anonymous
+    /// operation (the checkers that follow ids pass it by; the bounds count its admissions
+    /// in the log all the same).
+    pub fn logged(&self) -> impl Iterator<Item = (String, &Item)> {
+        let items = if self.anonymous {
+            &[][..]
+        } else {
+            &self.items[..]
+        };
+        items
+            .iter()
+            .enumerate()
+            .map(|(i, item)| (item_request_id(&self.id, i), item))
+    }
+
+    /// The items as the trace shows them: `policy key`, joined by ` + `.
+    pub fn describe(&self) -> String {
+        let parts: Vec<String> = self
+            .items
+            .iter()
+            .map(|i| format!("{} {}", i.policy, i.key))
+            .collect();
+        parts.join(" + ")
+    }
 }
 
 /// A check as the log applied it.
@@ -67,6 +107,20 @@ pub struct AppliedCheck {
     pub at: Nanos,
 }
 
+/// A refund as the log applied it: `cost` given back to the admission on `key` at
+/// `admitted_at` (of an all-or-nothing check another item denied), remembered under
+/// `request_id` (the shard gives such an admission back once) or else made in an entry of
+/// `epoch` (the shard gives it back only in an entry of that epoch).
+#[derive(Debug, Clone)]
+pub struct AppliedRefund {
+    pub key: String,
+    pub admitted_at: Nanos,
+    pub cost: u64,
+    pub request_id: Option<String>,
+    /// Without a request id: whether it applied in an entry of its admission's epoch.
+    pub same_epoch: bool,
+}
+
 /// One log entry (of one group) as the first node to apply it saw it.
 #[derive(Debug, Clone)]
 pub struct AppliedRecord {
@@ -76,6 +130,7 @@ pub struct AppliedRecord {
     /// A digest of the batch and its results, to compare what different nodes applied.
     pub digest: u64,
     pub checks: Vec<AppliedCheck>,
+    pub refunds: Vec<AppliedRefund>,
     /// The nodes that applied it.
     pub nodes: Vec<NodeId>,
 }
@@ -129,6 +184,7 @@ impl AppliedLog {
                         replayed,
                         fallback,
                         at,
+                        ..
                     },
                 ) => Some(AppliedCheck {
                     request_id: request_id.clone(),
@@ -143,6 +199,27 @@ impl AppliedLog {
                 _ => None,
             })
             .collect();
+        let refunds = batch
+            .commands
+            .iter()
+            .filter_map(|c| match c {
+                Command::Refund {
+                    key,
+                    cost,
+                    admitted_at,
+                    request_id,
+                    epoch,
+                    ..
+                } => Some(AppliedRefund {
+                    key: key.clone(),
+                    admitted_at: *admitted_at,
+                    cost: *cost,
+                    request_id: request_id.clone(),
+                    same_epoch: *epoch == batch.epoch,
+                }),
+                _ => None,
+            })
+            .collect();
         self.entries.insert(
             (e.group, e.index),
             AppliedRecord {
@@ -150,6 +227,7 @@ impl AppliedLog {
                 time: batch.time,
                 digest,
                 checks,
+                refunds,
                 nodes: vec![e.node],
             },
         );
@@ -167,6 +245,55 @@ impl AppliedLog {
             }
         }
         out
+    }
+
+    /// Every admission the log still holds, in log order (shard by shard): checks admitted
+    /// by their algorithm (not replays, not `on_full`'s), less those a refund in the log gave
+    /// back. A refund names its admission's request id, or (a check sent without one) its
+    /// key, time and cost, and then gives back only in an entry of its admission's epoch, as
+    /// the shard does; a refund of an admission given back already gives nothing back here. This is what the limits' bounds are judged on: a refund that
+    /// gave back more than its admission shows as the admissions after it breaking the bound.
+    pub fn spent(&self) -> Vec<&AppliedCheck> {
+        let refunded = self.refunded();
+        let mut by_time: BTreeMap<(&str, Nanos, u64), usize> = BTreeMap::new();
+        for f in self
+            .refunds()
+            .filter(|f| f.request_id.is_none() && f.same_epoch)
+        {
+            *by_time
+                .entry((f.key.as_str(), f.admitted_at, f.cost))
+                .or_default() += 1;
+        }
+        let mut out = Vec::new();
+        for r in self.entries.values() {
+            for c in &r.checks {
+                if !c.allowed || c.replayed || c.fallback {
+                    continue;
+                }
+                if let Some(id) = &c.request_id {
+                    if refunded.contains(id.as_str()) {
+                        continue;
+                    }
+                }
+                match by_time.get_mut(&(c.key.as_str(), c.at, c.cost)) {
+                    Some(n) if *n > 0 => *n -= 1,
+                    _ => out.push(c),
+                }
+            }
+        }
+        out
+    }
+
+    /// Every refund in the log.
+    pub fn refunds(&self) -> impl Iterator<Item = &AppliedRefund> {
+        self.entries.values().flat_map(|r| &r.refunds)
+    }
+
+    /// The request ids the log refunded an admission of.
+    pub fn refunded(&self) -> std::collections::BTreeSet<&str> {
+        self.refunds()
+            .filter_map(|f| f.request_id.as_deref())
+            .collect()
     }
 
     /// Leadership terms seen per shard (entries applied under each).
@@ -224,8 +351,12 @@ impl History {
         self.event(
             op.invoked,
             format_args!(
-                "c{} invoke {} {} {} -> n{}",
-                op.client, op.id, op.policy, op.key, op.node
+                "c{} invoke {}{} {} -> n{}",
+                op.client,
+                op.id,
+                if op.anonymous { " (no id)" } else { "" },
+                op.describe(),
+                op.node
             ),
         );
         self.ops.push(op);

@@ -122,6 +122,11 @@ pub struct Options {
     /// [`workload::RETRIES`] times (`--retry-clients`): what `check_once` judges. Off by
     /// default, so that seeds replay as they did before the option existed.
     pub retry_clients: bool,
+    /// Half the checks name two limits, drawn like a single check's (`--multi-item-clients`):
+    /// all-or-nothing across shards, so a denied one refunds what its other item admitted,
+    /// which `check_strict` and `check_lost` account for. Off by default, so that seeds
+    /// replay as they did before the option existed.
+    pub multi_item_clients: bool,
     pub keys: usize,
     /// Each client waits a uniform time in this range (ms) between operations.
     pub think_ms: (u64, u64),
@@ -149,6 +154,7 @@ impl Default for Options {
             failover_clients: false,
             quick_restarts: false,
             retry_clients: false,
+            multi_item_clients: false,
             keys: 300,
             think_ms: (5, 40),
             nemesis: true,
@@ -181,6 +187,16 @@ pub struct OpCounts {
     /// Checks the log answered from the idempotency table: a request id seen before.
     #[serde(default)]
     pub replayed: u64,
+    /// Checks of several items (`--multi-item-clients`).
+    #[serde(default)]
+    pub multi: u64,
+    /// Refunds in the log (of checks of several items that one item denied).
+    #[serde(default)]
+    pub refunds: u64,
+    /// Admissions of denied checks that the log kept: their refund never applied
+    /// (`check_lost::kept`).
+    #[serde(default)]
+    pub kept: u64,
 }
 
 /// One run's result.
@@ -252,6 +268,9 @@ pub fn reproduce(opts: &Options) -> String {
     }
     if opts.retry_clients {
         cmd += " --retry-clients";
+    }
+    if opts.multi_item_clients {
+        cmd += " --multi-item-clients";
     }
     if opts.sharding != Sharding::Hash {
         cmd += &format!(" --sharding {}", opts.sharding.name());
@@ -574,8 +593,12 @@ fn run_checked(opts: &Options) -> Report {
             .count() as u64,
         ..OpCounts::default()
     };
+    ops.refunds = log.refunds().count() as u64;
     for op in &history.ops {
         ops.invoked += 1;
+        if op.items.len() > 1 {
+            ops.multi += 1;
+        }
         match &op.outcome {
             Outcome::Allowed => ops.allowed += 1,
             Outcome::Denied => ops.denied += 1,
@@ -585,10 +608,10 @@ fn run_checked(opts: &Options) -> Report {
                 if op.outcome.is_undecided() {
                     ops.undecided += 1;
                 }
-                if matches!(
-                    decisions.get(format!("{}#0", op.id).as_str()),
-                    Some((true, _))
-                ) {
+                if op
+                    .logged()
+                    .any(|(id, _)| matches!(decisions.get(id.as_str()), Some((true, _))))
+                {
                     ops.unknown_admitted += 1;
                 }
             }
@@ -604,7 +627,9 @@ fn run_checked(opts: &Options) -> Report {
         opts.drift_bound_ppm,
         |k| consistency(k).is_some_and(|c| c.1 == Consistency::Strict),
     ));
-    violations.extend(check_lost::check(&history, &decisions));
+    let refunded = log.refunded();
+    ops.kept = check_lost::kept(&history, &decisions, &refunded);
+    violations.extend(check_lost::check(&history, &decisions, &refunded));
     violations.extend(check_once::check(&log));
     let (fast_excess, fast) = check_fast::check(
         &history,

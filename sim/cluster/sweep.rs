@@ -88,6 +88,9 @@ fn child(exe: &Path, opts: &Options, trace: Option<&Path>) -> Command {
     if opts.retry_clients {
         cmd.arg("--retry-clients");
     }
+    if opts.multi_item_clients {
+        cmd.arg("--multi-item-clients");
+    }
     cmd.args(["--sharding", opts.sharding.name()]);
     if !opts.nemesis {
         cmd.arg("--no-nemesis");
@@ -236,6 +239,9 @@ impl Sweep {
         o.unknown_admitted += r.ops.unknown_admitted;
         o.retried += r.ops.retried;
         o.replayed += r.ops.replayed;
+        o.multi += r.ops.multi;
+        o.refunds += r.ops.refunds;
+        o.kept += r.ops.kept;
         if !r.violations.is_empty() {
             self.failing.push((r.seed, r.violations));
         }
@@ -263,6 +269,14 @@ impl Sweep {
                 "retries: {} checks sent again under their request id after an unknown outcome; \
                  {} answered in the log from their id's first decision",
                 o.retried, o.replayed
+            );
+        }
+        if o.multi > 0 {
+            let _ = writeln!(
+                t,
+                "checks of two items: {}; refunds in the log: {}; admissions of denied checks \
+                 kept (refund not applied, the safe side): {}",
+                o.multi, o.refunds, o.kept
             );
         }
         let _ = writeln!(

@@ -1,7 +1,9 @@
 //! The clients: each picks a key from a Zipf distribution over a few hundred keys and a
 //! policy (strict and fast, token bucket, GCRA and sliding log; and a fast fixed window of
-//! 100 ms, whose boundaries fall inside entries), sends one single-item check
-//! with a unique request id to a random node over RESP, and records the operation —
+//! 100 ms, whose boundaries fall inside entries), sends a check of that one item (with
+//! `--multi-item-clients`, half the time of two items drawn alike, all or nothing, and a
+//! quarter of those without a request id) with a unique request id to a random node over
+//! RESP, and records the operation —
 //! invoked, then allowed, denied, failed or unknown — in the shared history. With
 //! `--failover-clients` the client of that node knows the others too, moves to the next
 //! one up when the node is down, and sends each check to its shard's leader once it has a
@@ -9,7 +11,7 @@
 //! `--retry-clients` a check whose outcome is unknown is sent again under the same request
 //! id, after a pause, up to [`RETRIES`] times; the history records the last answer.
 
-use super::history::{History, Op, Outcome};
+use super::history::{History, Item, Op, Outcome};
 use super::hosts::NodeHandle;
 use super::Options;
 use crate::client::{Client, ClientConfig, ClientError};
@@ -164,20 +166,38 @@ pub async fn client(
         if now() >= stop_ns {
             break;
         }
-        let (policy, fast) = names[rng.random_range(0..names.len())].clone();
-        let key = format!("k{}", zipf.sample(&mut rng));
+        let mut items = Vec::with_capacity(2);
+        let count = if opts.multi_item_clients && rng.random_bool(0.5) {
+            2
+        } else {
+            1
+        };
+        while items.len() < count {
+            let (policy, fast) = names[rng.random_range(0..names.len())].clone();
+            let key = format!("k{}", zipf.sample(&mut rng));
+            let item = Item { policy, key, fast };
+            if !items.contains(&item) {
+                items.push(item);
+            }
+        }
+        // A quarter of the checks of two items go without a request id: their refunds are
+        // kept to the leadership that admitted (`Command::Refund`'s epoch).
+        let anonymous = count > 1 && rng.random_bool(0.25);
         let target = rng.random_range(0..nodes.len());
         let id = format!("c{index}-{n}");
         n += 1;
+        let names_keys: Vec<(&str, &str, u64)> = items
+            .iter()
+            .map(|i| (i.policy.as_str(), i.key.as_str(), 1))
+            .collect();
         let op = history
             .lock()
             .unwrap_or_else(|p| p.into_inner())
             .invoke(Op {
                 client: index,
                 id: id.clone(),
-                policy: policy.clone(),
-                key: key.clone(),
-                fast,
+                anonymous,
+                items: items.clone(),
                 node: nodes[target].id,
                 invoked: now(),
                 completed: None,
@@ -186,7 +206,7 @@ pub async fn client(
         let mut attempt = 0;
         let outcome = loop {
             let answer = clients[target]
-                .check(&[(policy.as_str(), key.as_str(), 1)], Some(&id))
+                .check(&names_keys, (!anonymous).then_some(id.as_str()))
                 .await;
             let outcome = match answer {
                 Ok(a) if a.allowed => Outcome::Allowed,
@@ -197,6 +217,7 @@ pub async fn client(
             };
             let again = matches!(outcome, Outcome::Unknown(_))
                 && opts.retry_clients
+                && !anonymous
                 && attempt < RETRIES
                 && now() < stop_ns;
             if !again {

@@ -62,9 +62,12 @@ impl Policy {
 }
 
 /// The theoretical arrival time, in nanoseconds x rate. Zero (any time <= now) is "fresh".
+/// And the time of the last admission that moved it: how much a refund may give back
+/// ([`refund`]).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct State {
     tat: u128,
+    admitted: Nanos,
 }
 
 /// The scheduling core shared with the leaky-bucket queue. Returns the decision and the
@@ -94,6 +97,7 @@ pub(crate) fn schedule(s: &mut State, p: &Policy, now: Nanos, cost: u64) -> (Dec
             Some(tat) if after <= tolerance => {
                 if cost > 0 {
                     s.tat = tat;
+                    s.admitted = s.admitted.max(now);
                     ttl = after;
                 }
             }
@@ -123,8 +127,29 @@ pub fn is_fresh(s: &State, p: &Policy, now: Nanos) -> bool {
     s.tat <= now as u128 * p.rate() as u128
 }
 
-/// Moves the TAT back by `cost` intervals. A TAT at or before now is "fresh", so a refund
-/// never grants more than a never-seen key has.
-pub fn refund(s: &mut State, p: &Policy, cost: u64) {
-    s.tat = s.tat.saturating_sub(cost as u128 * p.period() as u128);
+/// Gives back `cost` units admitted at `admitted_at`: moves the TAT back by `cost`
+/// intervals, less the time from that admission to the key's last one. Right after the
+/// admission (no admission since) that undoes it exactly. An admission since — made while
+/// the refunded units were still held — may have found the key idle in a world without them,
+/// and would then have started its interval later than it did here: pulling the TAT back by
+/// the whole `cost` would credit that gap too, and admit more than the algorithm's bound.
+/// Taking the gap off never credits more than a key that never made the refunded admission
+/// holds (the property test `a_refund_never_admits_more_than_a_key_that_never_made_the_admission`).
+/// An admission this state does not hold (after its last one) gets nothing back. A TAT at or
+/// before now is "fresh", so a refund never grants more than a never-seen key has.
+pub fn refund(s: &mut State, p: &Policy, admitted_at: Nanos, cost: u64) {
+    let credit = credit(p.rate(), p.period(), s.admitted, admitted_at, cost);
+    s.tat = s.tat.saturating_sub(credit);
+}
+
+/// What a refund of `cost` admitted at `admitted_at` may give back at `rate` per `period`,
+/// in scaled time (a token bucket's deficit units alike): `cost` intervals less the time
+/// from then to `last`, the key's last admission (nothing when that was before it: the
+/// state does not hold it).
+pub(crate) fn credit(rate: u64, period: Nanos, last: Nanos, admitted_at: Nanos, cost: u64) -> u128 {
+    if last < admitted_at {
+        return 0;
+    }
+    let gap = (last - admitted_at) as u128 * rate as u128;
+    (cost as u128 * period as u128).saturating_sub(gap)
 }

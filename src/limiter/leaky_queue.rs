@@ -58,7 +58,7 @@ pub fn is_fresh(s: &State, p: &Policy, now: Nanos) -> bool {
     gcra::is_fresh(s, &p.0, now)
 }
 
-/// Takes `cost` units back out of the queue (see [`gcra::refund`]).
-pub fn refund(s: &mut State, p: &Policy, cost: u64) {
-    gcra::refund(s, &p.0, cost)
+/// Takes `cost` units admitted at `admitted_at` back out of the queue (see [`gcra::refund`]).
+pub fn refund(s: &mut State, p: &Policy, admitted_at: Nanos, cost: u64) {
+    gcra::refund(s, &p.0, admitted_at, cost)
 }

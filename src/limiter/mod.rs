@@ -477,7 +477,8 @@ impl Limit {
 
     /// Gives back `cost` units that a decision at `admitted_at` admitted: the compensation
     /// of the all-or-nothing rule when another limit of the same check denied. Right after the
-    /// admission it undoes it exactly; later it never lifts the key above its fresh state.
+    /// admission it undoes it exactly; later it never leaves the key better off than if that
+    /// admission had never been made, nor above its fresh state.
     pub fn refund(&self, state: &mut KeyState, admitted_at: Nanos, cost: u64) {
         match (self, state) {
             (Limit::FixedWindow(p), KeyState::FixedWindow(s)) => {
@@ -489,9 +490,13 @@ impl Limit {
             (Limit::SlidingCounter(p), KeyState::SlidingCounter(s)) => {
                 sliding_counter::refund(s, p, admitted_at, cost)
             }
-            (Limit::TokenBucket(p), KeyState::TokenBucket(s)) => token_bucket::refund(s, p, cost),
-            (Limit::Gcra(p), KeyState::Gcra(s)) => gcra::refund(s, p, cost),
-            (Limit::LeakyQueue(p), KeyState::LeakyQueue(s)) => leaky_queue::refund(s, p, cost),
+            (Limit::TokenBucket(p), KeyState::TokenBucket(s)) => {
+                token_bucket::refund(s, p, admitted_at, cost)
+            }
+            (Limit::Gcra(p), KeyState::Gcra(s)) => gcra::refund(s, p, admitted_at, cost),
+            (Limit::LeakyQueue(p), KeyState::LeakyQueue(s)) => {
+                leaky_queue::refund(s, p, admitted_at, cost)
+            }
             // A state of another algorithm holds nothing this limit admitted.
             _ => {}
         }

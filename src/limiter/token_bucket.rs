@@ -51,11 +51,13 @@ impl Policy {
     }
 }
 
-/// Tokens missing from a full bucket (in `1/period` units) as of `last`.
+/// Tokens missing from a full bucket (in `1/period` units) as of `last`, and the time of the
+/// last admission that took any: how much a refund may give back ([`refund`]).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct State {
     deficit: u128,
     last: Nanos,
+    admitted: Nanos,
 }
 
 fn refilled(s: &State, p: &Policy, now: Nanos) -> u128 {
@@ -85,6 +87,9 @@ pub fn decide(s: &mut State, p: &Policy, now: Nanos, cost: u64) -> Decision {
         let need = cost as u128 * period;
         if need <= level {
             s.deficit += need;
+            if cost > 0 {
+                s.admitted = s.admitted.max(now);
+            }
             d.remaining = p.period.div_sat(level - need);
         } else {
             d.outcome = Outcome::Denied;
@@ -99,7 +104,11 @@ pub fn is_fresh(s: &State, p: &Policy, now: Nanos) -> bool {
     refilled(s, p, now) == 0
 }
 
-/// Puts `cost` tokens back, never more than the bucket's capacity.
-pub fn refund(s: &mut State, p: &Policy, cost: u64) {
-    s.deficit = s.deficit.saturating_sub(cost as u128 * p.period() as u128);
+/// Puts back `cost` tokens taken at `admitted_at`, less what the bucket refilled between
+/// then and its last admission, never more than the bucket's capacity: exact right after
+/// the admission, and never more than a bucket that never made it holds (the bucket is a
+/// GCRA in other units: see [`super::gcra::refund`]).
+pub fn refund(s: &mut State, p: &Policy, admitted_at: Nanos, cost: u64) {
+    let credit = super::gcra::credit(p.rate(), p.period(), s.admitted, admitted_at, cost);
+    s.deficit = s.deficit.saturating_sub(credit);
 }

@@ -14,9 +14,11 @@ use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 
 /// Opens every handshake: "quorate peer".
 pub const MAGIC: [u8; 4] = *b"QRPR";
-/// The peer protocol version; both sides must speak the same one. 2: log entries carry
-/// their parts' shard times (`Batch::later`), which version 1 cannot decode.
-pub const VERSION: u16 = 2;
+/// The peer protocol version; both sides must speak the same one. 3: refunds carry their
+/// admission's request id, and snapshots the log format 3 (`member::LOG_FORMAT`), which
+/// version 2 cannot decode; 2: log entries carry their parts' shard times (`Batch::later`),
+/// which version 1 cannot decode.
+pub const VERSION: u16 = 3;
 /// Set in the version a member sends when its cluster places keys by hash slot (`sharding =
 /// "slots"`): members placing keys differently would decide one key in two groups, so they
 /// must not talk.

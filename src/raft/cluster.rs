@@ -97,6 +97,10 @@ pub struct ClusterConfig {
     pub join: bool,
     /// The simulation's observers and negative-control switches (unset in production).
     pub hooks: super::hooks::Hooks,
+    /// Drawn at random for each start of this node: with a term, it names a leadership
+    /// (the entries' [`Batch::epoch`]) that a restart leading the same term again does not
+    /// share (openraft keeps a committed vote across a restart).
+    pub incarnation: u64,
 }
 
 impl ClusterConfig {
@@ -122,6 +126,7 @@ impl ClusterConfig {
             snapshot_every: 20_000,
             join: false,
             hooks: Default::default(),
+            incarnation: 0,
         }
     }
 
@@ -251,6 +256,15 @@ pub struct Cluster {
     /// The highest node id this member has seen in a group's membership, as recorded in
     /// [`MEMBER_IDS_FILE`]; the lock is held while the record is written.
     highest_member: tokio::sync::Mutex<NodeId>,
+}
+
+/// The epoch of the entries a leader proposes ([`Batch::epoch`]): one per start of a node
+/// (`incarnation`) and term, never 0 (a batch made outside a cluster).
+pub fn epoch(incarnation: u64, term: u64) -> u64 {
+    let mut bytes = [0u8; 16];
+    bytes[..8].copy_from_slice(&incarnation.to_le_bytes());
+    bytes[8..].copy_from_slice(&term.to_le_bytes());
+    crate::shard::route::fnv1a(&bytes).max(1)
 }
 
 /// A member as a Redis Cluster client needs it (`CLUSTER NODES`, `CLUSTER SLOTS`).
@@ -886,6 +900,7 @@ impl Cluster {
                             replayed: false,
                             fallback: Fallback::No,
                             at: now,
+                            epoch: 0,
                         };
                     }
                     let decision = match on_full {
@@ -901,6 +916,7 @@ impl Cluster {
                                     on_full: OnUnavailable::Deny,
                                 }],
                                 later: Vec::new(),
+                                epoch: 0,
                             };
                             // A denial spends nothing of the share (denials change no
                             // state), so one with a request id can become `Unknown` below.
@@ -935,6 +951,7 @@ impl Cluster {
                         replayed: false,
                         fallback: Fallback::Unavailable,
                         at: now,
+                        epoch: 0,
                     }
                 }
                 Command::Refund { .. } => Applied::Refunded,
@@ -943,6 +960,7 @@ impl Cluster {
                         time: now,
                         commands: vec![Command::Evict],
                         later: Vec::new(),
+                        epoch: 0,
                     });
                     n.into_iter().next().unwrap_or(Applied::Evicted(0))
                 }
@@ -1323,7 +1341,8 @@ async fn propose_loop(cluster: Arc<Cluster>, group: Arc<Group>) {
             if group.spec_failed.swap(false, Ordering::SeqCst) {
                 spec = None;
             }
-            let part = Batch::at(now, commands);
+            let mut part = Batch::at(now, commands);
+            part.epoch = epoch(cluster.config.incarnation, term);
             let guessed = spec.as_mut().map(|s| s.state.apply(&part));
             // The lease as of the answers, after the waits above (up to `unavailable_after`
             // for a rebuilt copy, which can be longer than the lease).
@@ -1342,6 +1361,8 @@ async fn propose_loop(cluster: Arc<Cluster>, group: Arc<Group>) {
             }
             match &mut open {
                 Some(o) => {
+                    // One term, so one epoch: an open entry of another term was dropped.
+                    debug_assert_eq!(o.batch.epoch, part.epoch);
                     o.batch.push_part(now, part.commands);
                     o.replies.append(replies);
                 }

@@ -85,6 +85,7 @@ impl DenialCache {
                 replayed: false,
                 fallback: Fallback::No,
                 at: 0,
+                epoch: 0,
             })
         };
         commands.iter().map(one).collect()
@@ -183,6 +184,7 @@ mod tests {
             replayed: false,
             fallback,
             at: 7,
+            epoch: 0,
         }
     }
 

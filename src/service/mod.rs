@@ -9,7 +9,7 @@ pub mod types;
 pub use types::*;
 
 mod resolve;
-pub(crate) use resolve::inline_route;
+pub(crate) use resolve::{inline_route, item_request_id};
 
 use crate::clock::{LazyTimer, SharedClock};
 use crate::config::NodeConfig;
@@ -377,6 +377,7 @@ impl Service {
                     replayed: false,
                     fallback: Fallback::Unavailable,
                     at: 0,
+                    epoch: 0,
                 });
                 "deny"
             } else {
@@ -403,10 +404,9 @@ impl Service {
         let mut answers: Vec<Option<Result<CheckResponse, CheckError>>> =
             Vec::with_capacity(checks.len());
         let mut resolved: Vec<Vec<Resolved>> = Vec::with_capacity(checks.len());
-        let mut with_id: Vec<bool> = Vec::with_capacity(checks.len());
+        let mut ids: Vec<Option<String>> = Vec::with_capacity(checks.len());
         let mut per_shard: BTreeMap<u32, ShardBatch> = BTreeMap::new();
         for (r, (request_id, check)) in checks.into_iter().enumerate() {
-            with_id.push(request_id.is_some());
             match check {
                 Ok(mut items) => {
                     let single = items.len() == 1;
@@ -427,6 +427,7 @@ impl Service {
                     resolved.push(Vec::new());
                 }
             }
+            ids.push(request_id);
         }
         // Every item's result in one vector: check r's items from first[r] on.
         let mut first = Vec::with_capacity(resolved.len());
@@ -478,19 +479,20 @@ impl Service {
                     answers[r] = Some(Err(e));
                 }
             }
+            let id = ids[r].as_deref();
             if answers[r].is_some() {
                 // Invalid, or a shard failed: refund whatever other shards admitted. Not
                 // with a request id: the shards remember each of its admissions under it,
                 // and the caller's retry gets them again (a refunded one would then be
                 // spent by nobody); the shard that failed may have admitted too.
-                if !with_id[r] {
-                    self.collect_refunds(items, results, &mut refunds);
+                if id.is_none() {
+                    self.collect_refunds(items, results, None, &mut refunds);
                 }
                 continue;
             }
             let response = self.respond(items, results, started, &mut counted);
             if !response.allowed {
-                self.collect_refunds(items, results, &mut refunds);
+                self.collect_refunds(items, results, id, &mut refunds);
             }
             answers[r] = Some(Ok(response));
         }
@@ -577,11 +579,16 @@ impl Service {
         }
     }
 
-    /// Refund commands for every item of a failed check that consumed something now.
+    /// Refund commands for every item of a failed check that holds an admission: one it
+    /// made now, or with a `request_id`, one replayed from the id's first decision (a retry
+    /// of a check denied after an earlier attempt failed with admissions kept for the retry;
+    /// the shard gives an admission under an id back once, so refunding a replay again is
+    /// harmless).
     fn collect_refunds(
         &self,
         items: &[Resolved],
         results: &[Option<Applied>],
+        request_id: Option<&str>,
         refunds: &mut BTreeMap<u32, Vec<Command>>,
     ) {
         // A check of one item has nothing to refund: its denial consumed nothing, and a
@@ -589,17 +596,21 @@ impl Service {
         if items.len() < 2 {
             return;
         }
-        for (item, applied) in items.iter().zip(results) {
+        for (i, (item, applied)) in items.iter().zip(results).enumerate() {
+            // Replayed or not: a replay comes only with a request id, which its refund
+            // carries.
             if let Some(Applied::Decided {
                 decision,
-                replayed: false,
                 fallback: Fallback::No,
                 at,
+                epoch,
+                ..
             }) = applied
             {
                 if decision.allowed() && item.cost > 0 {
                     let shard = self.sharding().shard(item.route, self.inner.shards.count());
-                    refunds.entry(shard).or_default().push(item.refund(*at));
+                    let refund = item.refund(*at, *epoch, request_id, i);
+                    refunds.entry(shard).or_default().push(refund);
                 }
             }
         }

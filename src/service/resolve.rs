@@ -51,19 +51,35 @@ impl Resolved {
             limit: self.limit.clone(),
             cost: self.cost,
             // Each item is remembered on its own shard under the request's id.
-            request_id: request_id.map(|id| format!("{id}#{index}")),
+            request_id: request_id.map(|id| item_request_id(id, index)),
             on_full: self.on_full,
         }
     }
 
-    pub fn refund(&self, admitted_at: Nanos) -> Command {
+    /// The refund of this item's admission at `admitted_at` in an entry of `epoch`, item
+    /// `index` of a check with `request_id` (the shard gives an admission remembered under
+    /// the id back once).
+    pub fn refund(
+        &self,
+        admitted_at: Nanos,
+        epoch: u64,
+        request_id: Option<&str>,
+        index: usize,
+    ) -> Command {
         Command::Refund {
             key: self.storage_key.clone(),
             limit: self.limit.clone(),
             cost: self.cost,
             admitted_at,
+            request_id: request_id.map(|id| item_request_id(id, index)),
+            epoch,
         }
     }
+}
+
+/// The id item `index` of a check with request id `id` is remembered under on its shard.
+pub fn item_request_id(id: &str, index: usize) -> String {
+    format!("{id}#{index}")
 }
 
 fn invalid(message: impl Into<String>) -> CheckError {

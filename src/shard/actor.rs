@@ -93,6 +93,7 @@ impl ShardRun {
             time: self.time.now(),
             commands,
             later: Vec::new(),
+            epoch: 0,
         };
         let results = {
             let mut state = lock(&self.slot.state);

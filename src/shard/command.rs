@@ -29,6 +29,16 @@ pub enum Command {
         limit: Limit,
         cost: u64,
         admitted_at: Nanos,
+        /// The admission's request id (its item's): the shard gives an admission it
+        /// remembers under the id back once, however often the refund comes (a retry of a
+        /// denied check refunds its replayed admissions again), and from the time it was
+        /// made; an id it does not hold gives nothing back.
+        request_id: Option<String>,
+        /// The epoch of the entry that made the admission ([`Batch::epoch`]). Without a
+        /// request id, a refund applied in an entry of another epoch gives nothing back:
+        /// the admission may have been a `fast` one that a failover lost, and crediting it
+        /// to a state that never held it would admit more than the bound.
+        epoch: u64,
     },
     /// Drop every key whose state is as if never seen.
     Evict,
@@ -62,6 +72,12 @@ pub struct Batch {
     pub time: Nanos,
     pub commands: Vec<Command>,
     pub later: Vec<Part>,
+    /// The leadership that proposed it: one leader process in one term
+    /// (`Cluster::epoch`); 0 outside a cluster. Entries of one epoch form one append-only
+    /// run of its leader's log, so an entry that commits commits every entry of its epoch
+    /// before it: a refund without a request id gives back only an admission of its own
+    /// entry's epoch, which the state then surely holds (see [`Command::Refund`]).
+    pub epoch: u64,
 }
 
 /// Where a batch's shard time moves on: commands from index `from` are applied at `time`
@@ -79,6 +95,7 @@ impl Batch {
             time,
             commands,
             later: Vec::new(),
+            epoch: 0,
         }
     }
 
@@ -131,9 +148,12 @@ pub enum Applied {
         replayed: bool,
         /// Answered by an `on_unavailable` rule, not by the algorithm, and why.
         fallback: Fallback,
-        /// The shard time it was decided at (its part's): what a refund of this
-        /// admission names.
+        /// The shard time it was decided at (its part's; a replay's, the first
+        /// decision's): what a refund of this admission names.
         at: Nanos,
+        /// The epoch of the entry it was decided in ([`Batch::epoch`]; 0 when no entry
+        /// decided it): what a refund of this admission names.
+        epoch: u64,
     },
     Refunded,
     Evicted(u64),
@@ -149,9 +169,10 @@ pub enum Applied {
 /// Why an answer came from a policy's `on_unavailable` rule instead of its algorithm.
 ///
 /// On the wire (a forwarded batch's answers) it is encoded as the `bool` it replaced was:
-/// variant indexes are varints, so `No` and `KeyCap` are the bytes of `false` and `true`,
-/// and members of either version read each other. `Unavailable` is made only by the member
-/// that answers the caller and is never sent.
+/// variant indexes are varints, so `No` and `KeyCap` are the bytes of `false` and `true`
+/// (members of the two builds read each other's answers then; peer protocol 3 changed
+/// `Applied` itself). `Unavailable` is made only by the member that answers the caller and
+/// is never sent.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 pub enum Fallback {
     /// The algorithm decided.
@@ -198,10 +219,13 @@ mod tests {
                     limit,
                     cost: 2,
                     admitted_at: 41,
+                    request_id: Some("r1#0".into()),
+                    epoch: 7,
                 },
                 Command::Evict,
             ],
             later: vec![Part { from: 1, time: 43 }],
+            epoch: 11,
         };
         assert_eq!(Batch::decode(&batch.encode()).unwrap(), batch);
     }
@@ -220,7 +244,7 @@ mod tests {
         assert_eq!((batch.commands.len(), batch.last_time()), (5, 9));
     }
 
-    /// `Applied` as members before `Fallback` sent it.
+    /// `Applied` with the `bool` that `Fallback` replaced (as members before it sent it).
     #[derive(Debug, Serialize, Deserialize)]
     enum OldApplied {
         Decided {
@@ -228,6 +252,7 @@ mod tests {
             replayed: bool,
             fallback: bool,
             at: Nanos,
+            epoch: u64,
         },
     }
 
@@ -244,12 +269,14 @@ mod tests {
                 replayed: false,
                 fallback: new,
                 at: 9,
+                epoch: 3,
             };
             let old = OldApplied::Decided {
                 decision,
                 replayed: false,
                 fallback: old,
                 at: 9,
+                epoch: 3,
             };
             assert_eq!(enc(&new), enc(&old), "{new:?}");
             let (read, _): (Applied, usize) =
@@ -262,6 +289,7 @@ mod tests {
             replayed: false,
             fallback: Fallback::Unavailable,
             at: 9,
+            epoch: 3,
         };
         let old: Result<(OldApplied, usize), _> =
             bincode::serde::decode_from_slice(&enc(&unavailable), config());

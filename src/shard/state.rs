@@ -26,8 +26,50 @@ struct Entry {
 /// Remembered answers for request ids, expiring after the horizon (oldest first).
 #[derive(Debug, Default, Clone)]
 struct Idempotency {
-    answers: HashMap<String, Decision>,
+    answers: HashMap<String, Remembered>,
     expiry: VecDeque<(Nanos, String)>,
+}
+
+/// What a shard remembers of a request id's first decision.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+struct Remembered {
+    decision: Decision,
+    fallback: Fallback,
+    /// The shard time it was made at: what a refund of it gives back from, and must name.
+    at: Nanos,
+    /// Of an admission the algorithm made: its key (a digest, [`key_digest`]) and cost,
+    /// what a refund under the id must name and may give back at most. Zero otherwise.
+    key: [u8; 16],
+    cost: u64,
+    /// An admission that was refunded (its check was denied by another item): a repeat
+    /// answers a denial, as its check was answered, and a second refund gives nothing back.
+    refunded: bool,
+}
+
+impl Remembered {
+    /// Whether a refund of `cost` on `key`, naming an admission at `at`, is of this
+    /// admission, and it has not been given back: anything else under the id (a retry
+    /// that named other keys or costs, an admission at the key cap that spent nothing, a
+    /// late refund of a lost attempt's admission when the id was decided again) gets
+    /// nothing.
+    fn refundable(&self, key: &str, cost: u64, at: Nanos) -> bool {
+        !self.refunded
+            && self.decision.allowed()
+            && self.fallback == Fallback::No
+            && self.at == at
+            && self.cost == cost
+            && self.key == key_digest(key)
+    }
+}
+
+/// 16 bytes of SHA-256 of a key: what names an admission under a request id (a hash an
+/// attacker cannot collide, unlike the table's, and the same on every replica).
+fn key_digest(key: &str) -> [u8; 16] {
+    use sha2::Digest;
+    let full = sha2::Sha256::digest(key.as_bytes());
+    let mut out = [0u8; 16];
+    out.copy_from_slice(&full[..16]);
+    out
 }
 
 /// The bounds a shard keeps.
@@ -46,14 +88,14 @@ pub struct Bounds {
 struct ImageRef<'a> {
     time: Nanos,
     keys: Vec<(&'a String, &'a Limit, &'a KeyState)>,
-    ids: Vec<(Nanos, &'a String, Decision)>,
+    ids: Vec<(Nanos, &'a String, Remembered)>,
 }
 
 #[derive(serde::Deserialize)]
 struct Image {
     time: Nanos,
     keys: Vec<(String, Limit, KeyState)>,
-    ids: Vec<(Nanos, String, Decision)>,
+    ids: Vec<(Nanos, String, Remembered)>,
 }
 
 #[derive(Debug, Clone)]
@@ -123,7 +165,7 @@ impl ShardState {
             if moved {
                 self.expire_ids(self.time);
             }
-            out.push(self.apply_one(c, self.time));
+            out.push(self.apply_one(c, self.time, batch.epoch));
         }
         out
     }
@@ -154,12 +196,13 @@ impl ShardState {
                 replayed: false,
                 fallback: Fallback::No,
                 at: now,
+                epoch: 0,
             })
         };
         commands.iter().map(deny).collect()
     }
 
-    fn apply_one(&mut self, command: &Command, now: Nanos) -> Applied {
+    fn apply_one(&mut self, command: &Command, now: Nanos, epoch: u64) -> Applied {
         match command {
             Command::Check {
                 key,
@@ -168,23 +211,48 @@ impl ShardState {
                 request_id,
                 on_full,
             } => {
-                if let Some(d) = request_id.as_ref().and_then(|id| self.ids.answers.get(id)) {
+                if let Some(r) = request_id.as_ref().and_then(|id| self.ids.answers.get(id)) {
+                    // The first decision, and when it was made (what a refund names). An
+                    // admission given back is a denial now, as its check was answered: a
+                    // retry whose other item is decided afresh (its denial was lost with a
+                    // leader) must not spend what was refunded.
+                    let decision = if r.refunded {
+                        Decision {
+                            outcome: Outcome::Denied,
+                            ..r.decision
+                        }
+                    } else {
+                        r.decision
+                    };
                     return Applied::Decided {
-                        decision: *d,
+                        decision,
                         replayed: true,
-                        fallback: Fallback::No,
-                        at: now,
+                        fallback: r.fallback,
+                        at: r.at,
+                        epoch,
                     };
                 }
                 let (decision, fallback) = self.decide(key, limit, *cost, *on_full, now);
                 if let Some(id) = request_id {
-                    self.remember(id, decision, now);
+                    let mut r = Remembered {
+                        decision,
+                        fallback,
+                        at: now,
+                        key: [0; 16],
+                        cost: 0,
+                        refunded: false,
+                    };
+                    if decision.allowed() && fallback == Fallback::No && *cost > 0 {
+                        (r.key, r.cost) = (key_digest(key), *cost);
+                    }
+                    self.remember(id, r);
                 }
                 Applied::Decided {
                     decision,
                     replayed: false,
                     fallback,
                     at: now,
+                    epoch,
                 }
             }
             Command::Refund {
@@ -192,7 +260,23 @@ impl ShardState {
                 limit,
                 cost,
                 admitted_at,
+                request_id,
+                epoch: admitted_in,
             } => {
+                if request_id.is_none() && *admitted_in != epoch {
+                    // Decided in another leadership's entry, which may have been lost (a fast
+                    // admission) and then is not in this state: nothing to give back.
+                    return Applied::Refunded;
+                }
+                if let Some(id) = request_id {
+                    match self.ids.answers.get_mut(id) {
+                        Some(r) if r.refundable(key, *cost, *admitted_at) => r.refunded = true,
+                        // Given back already, or not this admission; or the id is not here,
+                        // so neither is its admission: one a failover lost (a fast one), or
+                        // one past the horizon. Nothing to give back.
+                        _ => return Applied::Refunded,
+                    }
+                }
                 if let Some(e) = self.keys.get_mut(key) {
                     limit.refund(&mut e.state, *admitted_at, *cost);
                 }
@@ -241,13 +325,14 @@ impl ShardState {
         (decision, Fallback::No)
     }
 
-    fn remember(&mut self, id: &str, decision: Decision, now: Nanos) {
+    fn remember(&mut self, id: &str, remembered: Remembered) {
+        let now = remembered.at;
         if self.ids.answers.len() >= self.bounds.max_request_ids {
             if let Some((_, oldest)) = self.ids.expiry.pop_front() {
                 self.ids.answers.remove(&oldest);
             }
         }
-        self.ids.answers.insert(id.to_owned(), decision);
+        self.ids.answers.insert(id.to_owned(), remembered);
         self.ids.expiry.push_back((
             now.saturating_add(self.bounds.idempotency_horizon),
             id.to_owned(),
@@ -271,7 +356,7 @@ impl ShardState {
     pub fn image(&self) -> Vec<u8> {
         let mut keys: Vec<(&String, &Entry)> = self.keys.iter().collect();
         keys.sort_by(|a, b| a.0.cmp(b.0));
-        let ids: Vec<(Nanos, &String, Decision)> = self
+        let ids: Vec<(Nanos, &String, Remembered)> = self
             .ids
             .expiry
             .iter()
@@ -314,8 +399,8 @@ impl ShardState {
                 },
             );
         }
-        for (at, id, decision) in image.ids {
-            state.ids.answers.insert(id.clone(), decision);
+        for (at, id, remembered) in image.ids {
+            state.ids.answers.insert(id.clone(), remembered);
             state.ids.expiry.push_back((at, id));
         }
         Ok(state)
@@ -374,6 +459,7 @@ mod tests {
             time: 0,
             commands: vec![check("k", &tb(), 2, None)],
             later: Vec::new(),
+            epoch: 0,
         };
         assert_eq!(decided(&s.apply(&exhaust)[0]).outcome, Outcome::Allowed);
         let digest = s.digest();
@@ -386,6 +472,7 @@ mod tests {
             time: 0,
             commands: denied,
             later: Vec::new(),
+            epoch: 0,
         });
         assert_eq!(early, applied);
         assert_eq!(decided(&early[1]).outcome, Outcome::Never);
@@ -399,6 +486,8 @@ mod tests {
             limit: tb(),
             cost: 1,
             admitted_at: 0,
+            request_id: None,
+            epoch: 0,
         };
         assert_eq!(s.denials(&[refund], 0), None);
         assert_eq!(s.denials(&[check("k", &tb(), 1, None)], SECOND), None);
@@ -409,6 +498,7 @@ mod tests {
             time: 0,
             commands: vec![check("k", &smaller, 1, None)],
             later: Vec::new(),
+            epoch: 0,
         });
         assert_eq!(decided(&applied[0]).outcome, Outcome::Denied);
         assert_eq!(s.denials(&[check("k", &smaller, 1, None)], 0), None);
@@ -424,6 +514,7 @@ mod tests {
             time: t,
             commands: vec![check("k", l, 2, None)],
             later: Vec::new(),
+            epoch: 0,
         };
         assert!(decided(&s.apply(&at(start, &short))[0]).allowed());
         // The spent count stays (no fresh allowance), for this long window only.
@@ -440,6 +531,7 @@ mod tests {
             time: t,
             commands: vec![check("k", &tb(), 1, Some(id))],
             later: Vec::new(),
+            epoch: 0,
         };
         let first = s.apply(&b(0, "r1"));
         let again = s.apply(&b(1, "r1"));
@@ -450,6 +542,7 @@ mod tests {
             time: 1,
             commands: vec![check("k", &tb(), 0, None)],
             later: Vec::new(),
+            epoch: 0,
         });
         assert_eq!(decided(&peek[0]).remaining, 1);
     }
@@ -462,6 +555,7 @@ mod tests {
                 time: t,
                 commands: vec![check(key, &tb(), 1, Some(&format!("{key}{t}")))],
                 later: Vec::new(),
+                epoch: 0,
             });
         }
         let copy = ShardState::from_image(&s.image(), bounds(10)).unwrap();
@@ -472,6 +566,7 @@ mod tests {
                 time: 3,
                 commands: vec![check("a", &tb(), 1, Some("a0")), check("b", &tb(), 2, None)],
                 later: Vec::new(),
+                epoch: 0,
             })
         };
         let mut copy = copy;
@@ -486,11 +581,13 @@ mod tests {
             time: 0,
             commands: vec![check("k", &tb(), 1, Some("r"))],
             later: Vec::new(),
+            epoch: 0,
         });
         let later = s.apply(&Batch {
             time: 11 * SECOND,
             commands: vec![check("k", &tb(), 1, Some("r"))],
             later: Vec::new(),
+            epoch: 0,
         });
         assert!(matches!(
             later[0],
@@ -508,11 +605,13 @@ mod tests {
             time: 0,
             commands: vec![check("a", &tb(), 1, None)],
             later: Vec::new(),
+            epoch: 0,
         });
         let r = s.apply(&Batch {
             time: 0,
             commands: vec![check("b", &tb(), 1, None), check("a", &tb(), 1, None)],
             later: Vec::new(),
+            epoch: 0,
         });
         assert!(matches!(
             r[0],
@@ -533,6 +632,7 @@ mod tests {
             time: 0,
             commands: vec![check("a", &tb(), 0, None), check("b", &tb(), 3, None)],
             later: Vec::new(),
+            epoch: 0,
         });
         assert!(s.is_empty());
     }
@@ -544,17 +644,20 @@ mod tests {
             time: 0,
             commands: vec![check("a", &tb(), 2, None)],
             later: Vec::new(),
+            epoch: 0,
         });
         s.apply(&Batch {
             time: SECOND,
             commands: vec![check("b", &tb(), 2, None)],
             later: Vec::new(),
+            epoch: 0,
         });
         // At 2 s, "a" has refilled both tokens (fresh); "b" still misses one.
         let r = s.apply(&Batch {
             time: 2 * SECOND,
             commands: vec![Command::Evict],
             later: Vec::new(),
+            epoch: 0,
         });
         assert_eq!(r[0], Applied::Evicted(1));
         assert_eq!(s.len(), 1);
@@ -562,6 +665,7 @@ mod tests {
             time: 2 * SECOND,
             commands: vec![check("b", &tb(), 0, None)],
             later: Vec::new(),
+            epoch: 0,
         });
         assert_eq!(decided(&d[0]).remaining, 1, "b kept its state");
     }
@@ -573,6 +677,7 @@ mod tests {
             time: 5,
             commands: vec![check("a", &tb(), 2, None)],
             later: Vec::new(),
+            epoch: 0,
         });
         s.apply(&Batch {
             time: 5,
@@ -581,15 +686,124 @@ mod tests {
                 limit: tb(),
                 cost: 2,
                 admitted_at: 5,
+                request_id: None,
+                epoch: 0,
             }],
             later: Vec::new(),
+            epoch: 0,
         });
         let d = s.apply(&Batch {
             time: 5,
             commands: vec![check("a", &tb(), 2, None)],
             later: Vec::new(),
+            epoch: 0,
         });
         assert!(decided(&d[0]).allowed());
+    }
+
+    /// A refund naming a request id gives the admission remembered under it back once,
+    /// however often it comes (a retry of a denied check refunds its replayed admission
+    /// again), and only if it names that admission (key, cost and the time the replay
+    /// reported); a snapshot keeps that it was given back; a repeat of the id then answers a
+    /// denial; and an id the shard does not hold gives nothing back (its admission is not in
+    /// this state: a failover lost it, or it is past the horizon).
+    #[test]
+    fn a_refund_under_a_request_id_gives_its_admission_back_once() {
+        let refund = |key: &str, cost: u64, id: &str, at: Nanos| Command::Refund {
+            key: key.into(),
+            limit: tb(),
+            cost,
+            admitted_at: at,
+            request_id: Some(id.into()),
+            epoch: 0,
+        };
+        let remaining = |s: &mut ShardState, key: &str| {
+            decided(&s.apply(&Batch::at(9, vec![check(key, &tb(), 0, None)]))[0]).remaining
+        };
+        let mut s = ShardState::new(bounds(10));
+        let first = s.apply(&Batch::at(5, vec![check("a", &tb(), 1, Some("r#0"))]));
+        assert!(decided(&first[0]).allowed());
+        // A retry's replay names the first decision's time.
+        let replay = s.apply(&Batch::at(9, vec![check("a", &tb(), 1, Some("r#0"))]));
+        assert!(matches!(
+            replay[0],
+            Applied::Decided {
+                replayed: true,
+                at: 5,
+                ..
+            }
+        ));
+        assert_eq!(remaining(&mut s, "a"), 1);
+        // Not this admission: another time, cost or key (a retry that named other items).
+        s.apply(&Batch::at(9, vec![check("b", &tb(), 1, None)]));
+        s.apply(&Batch::at(
+            9,
+            vec![
+                refund("a", 1, "r#0", 9),
+                refund("a", 2, "r#0", 5),
+                refund("b", 1, "r#0", 5),
+            ],
+        ));
+        assert_eq!((remaining(&mut s, "a"), remaining(&mut s, "b")), (1, 1));
+        s.apply(&Batch::at(9, vec![refund("a", 1, "r#0", 5)]));
+        assert_eq!(remaining(&mut s, "a"), 2, "given back");
+        // A repeat of the id is a denial now, as its check was answered.
+        let again = s.apply(&Batch::at(9, vec![check("a", &tb(), 1, Some("r#0"))]));
+        assert!(!decided(&again[0]).allowed());
+        // Spend it again, then refund the id twice more (once after a snapshot): nothing.
+        s.apply(&Batch::at(9, vec![check("a", &tb(), 1, Some("other#0"))]));
+        s.apply(&Batch::at(9, vec![refund("a", 1, "r#0", 5)]));
+        let mut restored = ShardState::from_image(&s.image(), bounds(10)).unwrap();
+        restored.apply(&Batch::at(9, vec![refund("a", 1, "r#0", 5)]));
+        assert_eq!(remaining(&mut s, "a"), 1, "a second refund gave back again");
+        assert_eq!(
+            remaining(&mut restored, "a"),
+            1,
+            "the snapshot forgot the refund"
+        );
+        // An id never decided here (or past the horizon) gives nothing back.
+        s.apply(&Batch::at(9, vec![refund("a", 1, "lost#0", 9)]));
+        assert_eq!(remaining(&mut s, "a"), 1);
+        // A denial under an id has nothing to give back either.
+        s.apply(&Batch::at(9, vec![check("a", &tb(), 2, Some("denied#1"))]));
+        s.apply(&Batch::at(9, vec![refund("a", 2, "denied#1", 9)]));
+        assert_eq!(remaining(&mut s, "a"), 1);
+    }
+
+    /// A refund without a request id gives back only in an entry of the epoch (leadership)
+    /// whose entry made the admission: one of another may have been a fast admission that a
+    /// failover lost, which this state does not hold.
+    #[test]
+    fn a_refund_without_a_request_id_gives_back_only_in_its_admissions_epoch() {
+        let refund = |epoch: u64| Command::Refund {
+            key: "a".into(),
+            limit: tb(),
+            cost: 1,
+            admitted_at: 5,
+            request_id: None,
+            epoch,
+        };
+        let in_epoch = |epoch: u64, commands: Vec<Command>| {
+            let mut b = Batch::at(5, commands);
+            b.epoch = epoch;
+            b
+        };
+        let mut s = ShardState::new(bounds(10));
+        let first = s.apply(&in_epoch(7, vec![check("a", &tb(), 1, None)]));
+        assert!(matches!(first[0], Applied::Decided { epoch: 7, .. }));
+        let remaining = |s: &ShardState| {
+            decided(
+                &s.clone()
+                    .apply(&Batch::at(5, vec![check("a", &tb(), 0, None)]))[0],
+            )
+            .remaining
+        };
+        assert_eq!(remaining(&s), 1);
+        let mut other = s.clone();
+        other.apply(&in_epoch(8, vec![refund(7)]));
+        assert_eq!(remaining(&other), 1, "a refund in another epoch gave back");
+        s.apply(&in_epoch(7, vec![refund(7)]));
+        assert_eq!(remaining(&s), 2);
     }
 
     /// An entry gathered in parts (the proposer's open entry) applies each part at its own
@@ -646,6 +860,7 @@ mod tests {
                     Command::Evict,
                 ],
                 later: Vec::new(),
+                epoch: 0,
             })
             .collect();
         let (mut a, mut b) = (ShardState::new(bounds(100)), ShardState::new(bounds(100)));
@@ -664,11 +879,13 @@ mod tests {
             time: 100,
             commands: vec![],
             later: Vec::new(),
+            epoch: 0,
         });
         s.apply(&Batch {
             time: 50,
             commands: vec![],
             later: Vec::new(),
+            epoch: 0,
         });
         assert_eq!(s.time(), 100);
     }
