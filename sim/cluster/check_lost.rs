@@ -8,10 +8,9 @@
 //! (the id's first answer is kept); had the log admitted it, the retry would spend twice. An
 //! `on_unavailable` denial of a check the leader went on to admit did exactly that (the
 //! clients here send an id with every check of one item: no denial of one is given from a
-//! member's cache). A check of
-//! several items may be denied with admissions of its other items in the log: those must be
-//! refunded, or they stay spent ([`kept`], the safe side); and no item of an admitted check
-//! is ever refunded.
+//! member's cache). A check of several items may be denied with admissions of its other
+//! items in the log: those must be refunded, or they stay spent ([`kept`], the safe side);
+//! and no item of an admitted check is ever refunded.
 
 use super::history::{History, Outcome};
 use crate::limiter::Nanos;

@@ -251,8 +251,9 @@ impl AppliedLog {
     /// by their algorithm (not replays, not `on_full`'s), less those a refund in the log gave
     /// back. A refund names its admission's request id, or (a check sent without one) its
     /// key, time and cost, and then gives back only in an entry of its admission's epoch, as
-    /// the shard does; a refund of an admission given back already gives nothing back here. This is what the limits' bounds are judged on: a refund that
-    /// gave back more than its admission shows as the admissions after it breaking the bound.
+    /// the shard does; a refund of an admission given back already gives nothing back here.
+    /// This is what the limits' bounds are judged on: a refund that gave back more than its
+    /// admission shows as the admissions after it breaking the bound.
     pub fn spent(&self) -> Vec<&AppliedCheck> {
         let refunded = self.refunded();
         let mut by_time: BTreeMap<(&str, Nanos, u64), usize> = BTreeMap::new();

@@ -33,6 +33,10 @@ struct Idempotency {
 /// What a shard remembers of a request id's first decision.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 struct Remembered {
+    /// The decision a repeat gets. An admission that was refunded (its check was denied by
+    /// another item) is a denial from then on, as its check was answered: a repeat whose
+    /// other item is decided afresh (its denial lost with a leader) cannot spend what was
+    /// given back, and a second refund finds nothing admitted to give back.
     decision: Decision,
     fallback: Fallback,
     /// The shard time it was made at: what a refund of it gives back from, and must name.
@@ -41,9 +45,6 @@ struct Remembered {
     /// what a refund under the id must name and may give back at most. Zero otherwise.
     key: [u8; 16],
     cost: u64,
-    /// An admission that was refunded (its check was denied by another item): a repeat
-    /// answers a denial, as its check was answered, and a second refund gives nothing back.
-    refunded: bool,
 }
 
 impl Remembered {
@@ -53,8 +54,7 @@ impl Remembered {
     /// late refund of a lost attempt's admission when the id was decided again) gets
     /// nothing.
     fn refundable(&self, key: &str, cost: u64, at: Nanos) -> bool {
-        !self.refunded
-            && self.decision.allowed()
+        self.decision.allowed()
             && self.fallback == Fallback::No
             && self.at == at
             && self.cost == cost
@@ -212,20 +212,10 @@ impl ShardState {
                 on_full,
             } => {
                 if let Some(r) = request_id.as_ref().and_then(|id| self.ids.answers.get(id)) {
-                    // The first decision, and when it was made (what a refund names). An
-                    // admission given back is a denial now, as its check was answered: a
-                    // retry whose other item is decided afresh (its denial was lost with a
-                    // leader) must not spend what was refunded.
-                    let decision = if r.refunded {
-                        Decision {
-                            outcome: Outcome::Denied,
-                            ..r.decision
-                        }
-                    } else {
-                        r.decision
-                    };
+                    // The first decision (a denial if it was refunded), and when it was
+                    // made (what a refund names).
                     return Applied::Decided {
-                        decision,
+                        decision: r.decision,
                         replayed: true,
                         fallback: r.fallback,
                         at: r.at,
@@ -240,7 +230,6 @@ impl ShardState {
                         at: now,
                         key: [0; 16],
                         cost: 0,
-                        refunded: false,
                     };
                     if decision.allowed() && fallback == Fallback::No && *cost > 0 {
                         (r.key, r.cost) = (key_digest(key), *cost);
@@ -270,7 +259,9 @@ impl ShardState {
                 }
                 if let Some(id) = request_id {
                     match self.ids.answers.get_mut(id) {
-                        Some(r) if r.refundable(key, *cost, *admitted_at) => r.refunded = true,
+                        Some(r) if r.refundable(key, *cost, *admitted_at) => {
+                            r.decision.outcome = Outcome::Denied;
+                        }
                         // Given back already, or not this admission; or the id is not here,
                         // so neither is its admission: one a failover lost (a fast one), or
                         // one past the horizon. Nothing to give back.
