@@ -5,6 +5,7 @@ use crate::clock::SharedClock;
 use crate::config::NodeConfig;
 use crate::metrics::Metrics;
 use crate::net::{Connector, Listener};
+use crate::peer::identity::Identities;
 use crate::peer::{Nonces, PeerConfig, PeerError, Peers};
 use crate::policy::PolicySet;
 use crate::raft::cluster::{Cluster, ClusterConfig, LogFactory};
@@ -287,10 +288,16 @@ pub async fn start<P: Listener, C: Connector>(
     let shards = config.shards.max(1);
     let sharding = config.sharding;
     let dir = data_dir.clone();
-    blocking_io(settings.hooks.io_on_runtime, move || {
+    let fresh = u128::from_le_bytes(
+        derive_seed(&seed, b"data-id")[..16]
+            .try_into()
+            .unwrap_or_default(),
+    );
+    let identities = blocking_io(settings.hooks.io_on_runtime, move || {
         check_log_format(&dir)?;
         check_shard_count(&dir, shards)?;
-        check_sharding(&dir, sharding)
+        check_sharding(&dir, sharding)?;
+        Identities::load(&dir, fresh)
     })
     .await?;
     let wal_dir = data_dir.join("wal");
@@ -323,6 +330,9 @@ pub async fn start<P: Listener, C: Connector>(
     // a removed node that still has it.
     peer_config.members = None;
     peer_config.slot_sharding = config.sharding == Sharding::Slots;
+    // A member back under its id on another data directory has forgotten its votes: its
+    // peers refuse it (`peer::identity`).
+    peer_config.identities = Some(Arc::new(identities));
     let nonces = Nonces::from_seed(seed);
     let peers =
         Peers::new(peer_config.clone(), connector, addrs, nonces.clone()).map_err(invalid)?;

@@ -1772,3 +1772,51 @@ async fn slot_sharding_answers_cluster_slots_and_a_key_sent_there_is_not_forward
     );
     eprintln!("forwarded: 0 of 240 slot-routed checks, {during} of 60 sent to node 1");
 }
+
+/// A member whose data directory is lost has forgotten its Raft votes and log; back under its
+/// old id it could vote twice in one term. Its peers know its data directory's id from their
+/// first handshake with it and refuse it on another: it never joins (not ready, leads
+/// nothing), both sides' logs name the fix, and the other two serve on.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_member_back_on_an_empty_data_directory_under_its_old_id_is_refused() {
+    let mut cluster = blocking(|| Cluster::start(3, &policies(), &[]));
+    let c = client(cluster.members[0].resp);
+    let before = remaining(&c, "count", "survivor").await;
+    assert!(cluster.stop(2), "node 3 stops cleanly");
+    std::fs::remove_dir_all(&cluster.members[2].dir).unwrap();
+    let seen = [0, 1, 2].map(|i| cluster.log_of(i).len());
+    blocking(|| cluster.spawn(2));
+    // Longer than the eight election timeouts after which a member on an empty directory
+    // bootstraps the shards it does not prefer, and than the peers' reconnect backoff.
+    let until = Instant::now() + Duration::from_secs(8);
+    let mut ready = false;
+    while Instant::now() < until {
+        let r = blocking(|| cluster_support::http(cluster.members[2].http, "GET", "/readyz", ""));
+        ready |= r.starts_with("HTTP/1.1 200");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    let new_lines = |i: usize| cluster.log_of(i)[seen[i]..].to_string();
+    let (one, two, three) = (new_lines(0), new_lines(1), new_lines(2));
+    assert!(
+        !ready,
+        "node 3 on an empty data directory joined its old cluster; its log:\n{three}"
+    );
+    let refused = "came back with another data directory";
+    assert!(
+        one.contains(refused) && two.contains(refused),
+        "nodes 1 and 2 should refuse node 3; node 1:\n{}\nnode 2:\n{}",
+        lines_with(&one, "peer"),
+        lines_with(&two, "peer")
+    );
+    assert!(
+        three.contains("refused this member") && three.contains("new id"),
+        "node 3's log should say it was refused and what to do:\n{}",
+        lines_with(&three, "peer")
+    );
+    // No shard counts node 3's empty log in: the other two still decide every check.
+    for shard_key in ["a", "b", "c", "d", "e", "f"] {
+        let a = c.check(&[("count", shard_key, 1)], None).await.unwrap();
+        assert!(a.allowed, "{shard_key}: {a:?}");
+    }
+    assert_eq!(remaining(&c, "count", "survivor").await, before);
+}

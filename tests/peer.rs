@@ -307,9 +307,12 @@ async fn a_peer_without_the_secret_cannot_get_a_request_handled_by_guessing_the_
     let mut hello = MAGIC.to_vec();
     hello.extend_from_slice(&VERSION.to_be_bytes());
     hello.extend_from_slice(&CLIENT.to_be_bytes());
+    // No data id (16 zero bytes), then the nonce.
+    hello.extend_from_slice(&[0; 16]);
     hello.extend_from_slice(&[9; 32]);
     sock.write_all(&hello).await.unwrap();
-    let mut reply = [0u8; 78];
+    // magic, version, id, data id, nonce, MAC.
+    let mut reply = [0u8; 4 + 2 + 8 + 16 + 32 + 32];
     sock.read_exact(&mut reply).await.unwrap();
     let mut attack = vec![0u8; 32];
     Frame::new(Kind::Request, 1, b"x".to_vec()).encode_into(&mut attack);

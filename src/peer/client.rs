@@ -373,6 +373,12 @@ async fn dial<C: Connector>(
                 peer,
                 reason: format!("handshake with {addr}: {e}"),
             },
+            e @ (HandshakeError::DataChanged { .. }
+            | HandshakeError::DataRefused(_)
+            | HandshakeError::NotRecorded(_)) => PeerError::Identity {
+                peer,
+                reason: format!("{e} (at {addr})"),
+            },
             e @ (HandshakeError::BadMac
             | HandshakeError::WrongPeer { .. }
             | HandshakeError::BadMagic

@@ -6,6 +6,7 @@
 //! another protocol is closed after four bytes. The caller bounds the whole exchange with
 //! [`PeerConfig::handshake_timeout`].
 
+use super::identity::{DataId, Mismatch};
 use super::{NodeId, PeerConfig};
 use hmac::{Hmac, Mac};
 use sha2::Sha256;
@@ -14,11 +15,12 @@ use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 
 /// Opens every handshake: "quorate peer".
 pub const MAGIC: [u8; 4] = *b"QRPR";
-/// The peer protocol version; both sides must speak the same one. 3: refunds carry their
+/// The peer protocol version; both sides must speak the same one. 4: hellos carry the
+/// sender's data id ([`super::identity`]); 3: refunds carry their
 /// admission's request id, and snapshots the log format 3 (`member::LOG_FORMAT`), which
 /// version 2 cannot decode; 2: log entries carry their parts' shard times (`Batch::later`),
 /// which version 1 cannot decode.
-pub const VERSION: u16 = 3;
+pub const VERSION: u16 = 4;
 /// Set in the version a member sends when its cluster places keys by hash slot (`sharding =
 /// "slots"`): members placing keys differently would decide one key in two groups, so they
 /// must not talk.
@@ -26,12 +28,17 @@ pub const SLOTS_BIT: u16 = 0x4000;
 /// Bytes of a nonce and of a MAC.
 pub const NONCE: usize = 32;
 const MAC: usize = 32;
-/// magic, version, id, nonce.
-const CLIENT_HELLO: usize = 4 + 2 + 8 + NONCE;
-/// magic, version, id, nonce, MAC.
+/// Bytes of a data id.
+const DATA_ID: usize = 16;
+/// magic, version, id, data id, nonce.
+const CLIENT_HELLO: usize = 4 + 2 + 8 + DATA_ID + NONCE;
+/// magic, version, id, data id, nonce, MAC.
 const SERVER_HELLO: usize = CLIENT_HELLO + MAC;
 /// The server's last message: the client's proof was accepted.
 const ACCEPTED: u8 = 1;
+/// The server's last message instead: the proof was good, but the server knows the client's
+/// node id with another data directory.
+const DATA_REFUSED: u8 = 2;
 
 const SERVER_LABEL: &[u8] = b"quorate-server";
 const CLIENT_LABEL: &[u8] = b"quorate-client";
@@ -59,6 +66,27 @@ pub enum HandshakeError {
     WrongPeer { expected: NodeId, got: NodeId },
     #[error("the peer's proof of the cluster secret is wrong")]
     BadMac,
+    #[error(
+        "node {node} came back with another data directory (data id {presented:032x}; this \
+         member knows it with {recorded:032x}): a member that lost its data has forgotten its \
+         Raft votes and log, so it may not rejoin under its old id. Remove node {node} from \
+         the cluster and start the replacement under a new id (docs/operations.md, \
+         \"Replacing a failed member\")"
+    )]
+    DataChanged {
+        node: NodeId,
+        recorded: DataId,
+        presented: DataId,
+    },
+    #[error(
+        "node {0} refused this member: it knows this member's id with another data \
+         directory. A member that lost its data may not rejoin under its old id: have node \
+         {0}'s cluster remove this id and start this member under a new id \
+         (docs/operations.md, \"Replacing a failed member\")"
+    )]
+    DataRefused(NodeId),
+    #[error("{0}")]
+    NotRecorded(String),
     #[error("handshake I/O: {0}")]
     Io(io::Error),
 }
@@ -75,24 +103,34 @@ impl From<io::Error> for HandshakeError {
 
 type HmacSha256 = Hmac<Sha256>;
 
-/// HMAC(secret, label | version | first | second | client | server); `version` as sent,
-/// its sharding mark included, so the mark cannot be rewritten on the way.
+/// Who speaks in a handshake: a node id and its data id.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Party {
+    pub id: NodeId,
+    pub data: DataId,
+}
+
+/// HMAC(secret, label | version | first | second | client | client data | server | server
+/// data); `version` as sent, its sharding mark included, so the mark cannot be rewritten on
+/// the way, nor can the data ids.
 fn keyed(
     secret: &[u8],
     label: &[u8],
     version: u16,
     first: &[u8; NONCE],
     second: &[u8; NONCE],
-    client: NodeId,
-    server: NodeId,
+    client: Party,
+    server: Party,
 ) -> HmacSha256 {
     let mut m = HmacSha256::new_from_slice(secret).expect("HMAC takes keys of any length");
     m.update(label);
     m.update(&version.to_be_bytes());
     m.update(first);
     m.update(second);
-    m.update(&client.to_be_bytes());
-    m.update(&server.to_be_bytes());
+    m.update(&client.id.to_be_bytes());
+    m.update(&client.data.to_be_bytes());
+    m.update(&server.id.to_be_bytes());
+    m.update(&server.data.to_be_bytes());
     m
 }
 
@@ -102,8 +140,8 @@ pub fn server_mac(
     version: u16,
     nonce_c: &[u8; NONCE],
     nonce_s: &[u8; NONCE],
-    client: NodeId,
-    server: NodeId,
+    client: Party,
+    server: Party,
 ) -> [u8; MAC] {
     keyed(
         secret,
@@ -125,8 +163,8 @@ pub fn client_mac(
     version: u16,
     nonce_c: &[u8; NONCE],
     nonce_s: &[u8; NONCE],
-    client: NodeId,
-    server: NodeId,
+    client: Party,
+    server: Party,
 ) -> [u8; MAC] {
     keyed(
         secret,
@@ -143,11 +181,11 @@ pub fn client_mac(
 }
 
 /// Reads a hello: the magic alone first (a stranger is turned away after four bytes), then the
-/// rest. Returns (version, id, nonce) and leaves the remaining bytes in `rest`.
+/// rest. Returns (version, sender, nonce) and leaves the remaining bytes in `rest`.
 async fn read_hello<S: AsyncRead + Unpin>(
     s: &mut S,
     rest: &mut [u8],
-) -> Result<(u16, NodeId, [u8; NONCE]), HandshakeError> {
+) -> Result<(u16, Party, [u8; NONCE]), HandshakeError> {
     let mut magic = [0u8; 4];
     s.read_exact(&mut magic).await?;
     if magic != MAGIC {
@@ -158,8 +196,9 @@ async fn read_hello<S: AsyncRead + Unpin>(
     s.read_exact(rest).await?;
     let version = u16::from_be_bytes([head[0], head[1]]);
     let id = NodeId::from_be_bytes(head[2..10].try_into().expect("8 bytes"));
-    let nonce = head[10..].try_into().expect("32 bytes");
-    Ok((version, id, nonce))
+    let data = DataId::from_be_bytes(head[10..10 + DATA_ID].try_into().expect("16 bytes"));
+    let nonce = head[10 + DATA_ID..].try_into().expect("32 bytes");
+    Ok((version, Party { id, data }, nonce))
 }
 
 /// The version this node sends and requires: [`VERSION`], marked with its sharding.
@@ -189,12 +228,40 @@ fn check_version(cfg: &PeerConfig, version: u16) -> Result<(), HandshakeError> {
     })
 }
 
+/// This node as it presents itself: its id and its data directory's id (0 without one).
+fn me(cfg: &PeerConfig) -> Party {
+    Party {
+        id: cfg.node_id,
+        data: cfg.identities.as_ref().map_or(0, |i| i.own()),
+    }
+}
+
+/// Accepts an authenticated peer's data id ([`super::identity::Identities::admit`]); a node
+/// without identities accepts any.
+fn admit(cfg: &PeerConfig, peer: Party) -> Result<(), HandshakeError> {
+    let Some(ids) = &cfg.identities else {
+        return Ok(());
+    };
+    ids.admit(peer.id, peer.data).map_err(|m| match m {
+        Mismatch::Changed {
+            recorded,
+            presented,
+        } => HandshakeError::DataChanged {
+            node: peer.id,
+            recorded,
+            presented,
+        },
+        Mismatch::NotRecorded(why) => HandshakeError::NotRecorded(why),
+    })
+}
+
 fn hello(cfg: &PeerConfig, nonce: &[u8; NONCE]) -> Vec<u8> {
     let mut m = Vec::with_capacity(SERVER_HELLO);
     m.extend_from_slice(&MAGIC);
     m.extend_from_slice(&wire_version(cfg).to_be_bytes());
-    let id = cfg.node_id;
-    m.extend_from_slice(&id.to_be_bytes());
+    let me = me(cfg);
+    m.extend_from_slice(&me.id.to_be_bytes());
+    m.extend_from_slice(&me.data.to_be_bytes());
     m.extend_from_slice(nonce);
     m
 }
@@ -211,10 +278,10 @@ pub async fn client<S: AsyncRead + AsyncWrite + Unpin>(
     let mut their_mac = [0u8; MAC];
     let (version, server, nonce_s) = read_hello(s, &mut their_mac).await?;
     check_version(cfg, version)?;
-    if server != expected {
+    if server.id != expected {
         return Err(HandshakeError::WrongPeer {
             expected,
-            got: server,
+            got: server.id,
         });
     }
     keyed(
@@ -223,27 +290,23 @@ pub async fn client<S: AsyncRead + AsyncWrite + Unpin>(
         version,
         &nonce_c,
         &nonce_s,
-        cfg.node_id,
+        me(cfg),
         server,
     )
     .verify_slice(&their_mac)
     .map_err(|_| HandshakeError::BadMac)?;
-    let proof = client_mac(
-        &cfg.secret,
-        version,
-        &nonce_c,
-        &nonce_s,
-        cfg.node_id,
-        server,
-    );
+    // Authenticated: now its data id may be recorded, or found changed (then close).
+    admit(cfg, server)?;
+    let proof = client_mac(&cfg.secret, version, &nonce_c, &nonce_s, me(cfg), server);
     s.write_all(&proof).await?;
     s.flush().await?;
     let mut ack = [0u8; 1];
     s.read_exact(&mut ack).await?;
-    if ack[0] != ACCEPTED {
-        return Err(HandshakeError::BadMagic);
+    match ack[0] {
+        ACCEPTED => Ok(()),
+        DATA_REFUSED => Err(HandshakeError::DataRefused(server.id)),
+        _ => Err(HandshakeError::BadMagic),
     }
-    Ok(())
 }
 
 /// The acceptor's side: checks the dialer's id and proof; returns the dialer's id.
@@ -254,8 +317,8 @@ pub async fn server<S: AsyncRead + AsyncWrite + Unpin>(
 ) -> Result<NodeId, HandshakeError> {
     let (version, client, nonce_c) = read_hello(s, &mut []).await?;
     check_version(cfg, version)?;
-    if !cfg.accepts(client) {
-        return Err(HandshakeError::IdRefused(client));
+    if !cfg.accepts(client.id) {
+        return Err(HandshakeError::IdRefused(client.id));
     }
     let mut reply = hello(cfg, &nonce_s);
     reply.extend_from_slice(&server_mac(
@@ -264,7 +327,7 @@ pub async fn server<S: AsyncRead + AsyncWrite + Unpin>(
         &nonce_c,
         &nonce_s,
         client,
-        cfg.node_id,
+        me(cfg),
     ));
     s.write_all(&reply).await?;
     s.flush().await?;
@@ -278,13 +341,22 @@ pub async fn server<S: AsyncRead + AsyncWrite + Unpin>(
         &nonce_s,
         &nonce_c,
         client,
-        cfg.node_id,
+        me(cfg),
     )
     .verify_slice(&proof)
     .map_err(|_| HandshakeError::BadMac)?;
+    // Authenticated: now its data id may be recorded, or found changed (then say so, so that
+    // the refused member's log names the fix, and close).
+    if let Err(e) = admit(cfg, client) {
+        if matches!(e, HandshakeError::DataChanged { .. }) {
+            s.write_all(&[DATA_REFUSED]).await?;
+            s.flush().await?;
+        }
+        return Err(e);
+    }
     s.write_all(&[ACCEPTED]).await?;
     s.flush().await?;
-    Ok(client)
+    Ok(client.id)
 }
 
 #[cfg(test)]
@@ -405,7 +477,15 @@ mod tests {
         // The client's proof is bound to the server's nonce: replaying it with a new nonce
         // fails.
         let s_cfg = cfg(2, SECRET);
-        let old = client_mac(SECRET, VERSION, &[1; NONCE], &[2; NONCE], 1, 2);
+        let party = |id| Party { id, data: 0 };
+        let old = client_mac(
+            SECRET,
+            VERSION,
+            &[1; NONCE],
+            &[2; NONCE],
+            party(1),
+            party(2),
+        );
         let (mut a, mut b) = tokio::io::duplex(4096);
         let attacker = async move {
             a.write_all(&hello(&cfg(1, SECRET), &[1; NONCE]))
@@ -424,6 +504,73 @@ mod tests {
         });
         assert!(matches!(s, Err(HandshakeError::BadMac)), "{s:?}");
         assert!(ack.is_err());
+    }
+
+    fn with_data(id: NodeId, data: u128) -> (PeerConfig, Arc<super::super::identity::Identities>) {
+        let ids = Arc::new(super::super::identity::Identities::in_memory(data));
+        let mut c = cfg(id, SECRET);
+        c.identities = Some(ids.clone());
+        (c, ids)
+    }
+
+    #[tokio::test]
+    async fn a_node_back_with_another_data_directory_is_refused_on_both_sides() {
+        let (one, one_ids) = with_data(1, 0x11);
+        let (two, two_ids) = with_data(2, 0x22);
+        // First sight: each side records the other's data id.
+        let (c, s) = run(one.clone(), 2, two.clone()).await;
+        c.unwrap();
+        assert_eq!(s.unwrap(), 1);
+        assert_eq!(one_ids.recorded(2), Some(0x22));
+        assert_eq!(two_ids.recorded(1), Some(0x11));
+        // The same directories again: accepted.
+        let (c, s) = run(one.clone(), 2, two.clone()).await;
+        c.unwrap();
+        s.unwrap();
+        // Node 1 back on a new data directory, dialing: node 2 refuses it, and says why.
+        let (wiped, _) = with_data(1, 0x12);
+        let (c, s) = run(wiped.clone(), 2, two.clone()).await;
+        assert!(
+            matches!(
+                s,
+                Err(HandshakeError::DataChanged {
+                    node: 1,
+                    recorded: 0x11,
+                    presented: 0x12
+                })
+            ),
+            "{s:?}"
+        );
+        let e = c.unwrap_err();
+        assert!(matches!(e, HandshakeError::DataRefused(2)), "{e:?}");
+        assert!(e.to_string().contains("new id"), "{e}");
+        // Node 2 dialing the wiped node 1: it refuses to go on, before sending its proof.
+        let (c, s) = run(two, 1, wiped).await;
+        assert!(
+            matches!(
+                c,
+                Err(HandshakeError::DataChanged {
+                    node: 1,
+                    recorded: 0x11,
+                    presented: 0x12
+                })
+            ),
+            "{c:?}"
+        );
+        assert!(c.unwrap_err().to_string().contains("new id"));
+        assert!(matches!(s, Err(HandshakeError::Closed)), "{s:?}");
+        // The record did not move.
+        assert_eq!(two_ids.recorded(1), Some(0x11));
+    }
+
+    #[tokio::test]
+    async fn an_unauthenticated_hello_records_no_data_id() {
+        let (two, ids) = with_data(2, 0x22);
+        let (mut stranger, _) = with_data(1, 0x99);
+        stranger.secret = Arc::from(&b"not the cluster secret, 32 bytes"[..]);
+        let (c, s) = run(stranger, 2, two).await;
+        assert!(c.is_err() && s.is_err(), "{c:?} {s:?}");
+        assert_eq!(ids.recorded(1), None);
     }
 
     #[tokio::test]

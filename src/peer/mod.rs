@@ -20,13 +20,18 @@
 //! # Handshake (see [`handshake`])
 //! Before any frame, the dialer and the acceptor prove to each other that they hold the cluster
 //! secret, over fresh nonces from both sides, without sending the secret:
-//! 1. client: `magic, version, client_id, nonce_c`
-//! 2. server: `magic, version, server_id, nonce_s, HMAC(secret, "quorate-server" | version |
-//!    nonce_c | nonce_s | client_id | server_id)`
-//! 3. client (after checking the server's MAC and that `server_id` is the node it meant to
-//!    reach): `HMAC(secret, "quorate-client" | version | nonce_s | nonce_c | client_id |
-//!    server_id)`
-//! 4. server (after a constant-time check of the client's MAC): one byte, `1`.
+//! 1. client: `magic, version, client_id, client_data, nonce_c`
+//! 2. server: `magic, version, server_id, server_data, nonce_s, HMAC(secret, "quorate-server" |
+//!    version | nonce_c | nonce_s | client_id | client_data | server_id | server_data)`
+//! 3. client (after checking the server's MAC, that `server_id` is the node it meant to
+//!    reach, and that `server_data` is the data id it knows that node by, if any):
+//!    `HMAC(secret, "quorate-client" | version | nonce_s | nonce_c | client_id | client_data |
+//!    server_id | server_data)`
+//! 4. server (after a constant-time check of the client's MAC, and of `client_data` as in 3):
+//!    one byte, `1`; or `2` if it knows `client_id` by another data id (then it closes).
+//!
+//! `*_data` is the sender's data directory's id ([`identity`]): a member back under its id
+//! on another data directory has forgotten its votes, and is refused.
 //!
 //! The server refuses, by closing, a client claiming the server's own id or an id outside the
 //! member list, and every failure is counted in [`PeerStats`] and logged. The whole handshake
@@ -63,6 +68,7 @@
 pub mod client;
 pub mod frame;
 pub mod handshake;
+pub mod identity;
 pub mod server;
 
 pub use client::Peers;
@@ -109,6 +115,10 @@ pub struct PeerConfig {
     /// The cluster places keys by hash slot: sent in the handshake, and a peer that places
     /// them otherwise is refused (see [`handshake::SLOTS_BIT`]).
     pub slot_sharding: bool,
+    /// This node's data id, sent in the handshake, and the data ids its peers presented
+    /// first: a peer back with another data directory is refused ([`identity`]). `None`
+    /// (the default) sends none and checks none.
+    pub identities: Option<Arc<identity::Identities>>,
     /// Deadline for connecting (dialer side only).
     pub connect_timeout: Duration,
     /// Deadline for the whole handshake: an unauthenticated peer cannot hold a slot longer.
@@ -148,6 +158,7 @@ impl PeerConfig {
             max_concurrent_requests: 1024,
             max_connections: 256,
             slot_sharding: false,
+            identities: None,
             connect_timeout: Duration::from_secs(2),
             handshake_timeout: Duration::from_secs(2),
             handler_timeout: Duration::from_secs(5),
@@ -213,6 +224,7 @@ impl fmt::Debug for PeerConfig {
             .field("max_concurrent_requests", &self.max_concurrent_requests)
             .field("max_connections", &self.max_connections)
             .field("slot_sharding", &self.slot_sharding)
+            .field("identities", &self.identities)
             .field("connect_timeout", &self.connect_timeout)
             .field("handshake_timeout", &self.handshake_timeout)
             .field("handler_timeout", &self.handler_timeout)
@@ -226,8 +238,8 @@ impl fmt::Debug for PeerConfig {
 
 /// Why a call failed. Whether the request may have been handled is part of the answer:
 /// [`UnknownPeer`](Self::UnknownPeer), [`Unreachable`](Self::Unreachable), [`Auth`](Self::Auth),
-/// [`Refused`](Self::Refused), [`Overloaded`](Self::Overloaded), [`Busy`](Self::Busy) and
-/// [`TooLarge`](Self::TooLarge) mean it was not; [`Timeout`](Self::Timeout) and
+/// [`Refused`](Self::Refused), [`Identity`](Self::Identity), [`Overloaded`](Self::Overloaded),
+/// [`Busy`](Self::Busy) and [`TooLarge`](Self::TooLarge) mean it was not; [`Timeout`](Self::Timeout) and
 /// [`ConnectionLost`](Self::ConnectionLost) mean it may have been; [`Remote`](Self::Remote)
 /// means the handler ran and failed.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -272,6 +284,10 @@ pub enum PeerError {
          log says which)"
     )]
     Refused { peer: NodeId },
+    /// The peer's data directory is not the one it had, or it says so of this node's
+    /// ([`identity`]): the reason names the fix.
+    #[error("node {peer}: {reason}")]
+    Identity { peer: NodeId, reason: String },
     #[error("a body of {len} bytes for node {peer} exceeds max_frame ({max} bytes)")]
     TooLarge { peer: NodeId, len: usize, max: u32 },
 }
