@@ -124,12 +124,13 @@ pub fn check_shard_count(data_dir: &std::path::Path, shards: u32) -> io::Result<
 /// The file in a data directory that records the format of its log entries.
 pub const LOG_FORMAT_FILE: &str = "log-format";
 
-/// The log entry format this build writes and reads (entries and snapshots). 3: refunds
+/// The log entry format this build writes and reads (entries and snapshots). 4: snapshots
+/// hold request ids as 16-byte digests; 3: refunds
 /// carry their admission's request id, snapshots remember when each id was decided and
 /// whether it was refunded, and bucket and GCRA keys their last admission's time; 2:
 /// entries carry the shard times of their parts (`Batch::later`); 1 (no record) had one
 /// time per entry.
-pub const LOG_FORMAT: u32 = 3;
+pub const LOG_FORMAT: u32 = 4;
 
 /// Refuses a data directory whose log this build cannot read: one recorded with another
 /// format, or a log without a record (written before format 2). A directory without a

@@ -23,11 +23,13 @@ struct Entry {
     state: KeyState,
 }
 
-/// Remembered answers for request ids, expiring after the horizon (oldest first).
+/// Remembered answers for request ids, expiring after the horizon (oldest first). An id is
+/// held as its digest ([`digest16`]): 16 bytes in place of a string on the heap twice (in
+/// the map and in the expiry queue), so remembering and forgetting one allocates nothing.
 #[derive(Debug, Default, Clone)]
 struct Idempotency {
-    answers: HashMap<String, Remembered>,
-    expiry: VecDeque<(Nanos, String)>,
+    answers: HashMap<Digest16, Remembered>,
+    expiry: VecDeque<(Nanos, Digest16)>,
 }
 
 /// What a shard remembers of a request id's first decision.
@@ -41,7 +43,7 @@ struct Remembered {
     fallback: Fallback,
     /// The shard time it was made at: what a refund of it gives back from, and must name.
     at: Nanos,
-    /// Of an admission the algorithm made: its key (a digest, [`key_digest`]) and cost,
+    /// Of an admission the algorithm made: its key (a digest, [`digest16`]) and cost,
     /// what a refund under the id must name and may give back at most. Zero otherwise.
     key: [u8; 16],
     cost: u64,
@@ -58,15 +60,20 @@ impl Remembered {
             && self.fallback == Fallback::No
             && self.at == at
             && self.cost == cost
-            && self.key == key_digest(key)
+            && self.key == digest16(key)
     }
 }
 
-/// 16 bytes of SHA-256 of a key: what names an admission under a request id (a hash an
-/// attacker cannot collide, unlike the table's, and the same on every replica).
-fn key_digest(key: &str) -> [u8; 16] {
+/// The first 16 bytes of a string's SHA-256: what the shard keeps of request ids, and of the
+/// key of an admission under one (what a refund under the id must name). Clients choose
+/// both, so the digest must resist collisions, unlike the tables' hash (a retry whose id
+/// collided with another client's would get that client's answer): finding two strings
+/// with one digest takes about 2^64 hashes. It is the same on every replica.
+type Digest16 = [u8; 16];
+
+fn digest16(text: &str) -> Digest16 {
     use sha2::Digest;
-    let full = sha2::Sha256::digest(key.as_bytes());
+    let full = sha2::Sha256::digest(text.as_bytes());
     let mut out = [0u8; 16];
     out.copy_from_slice(&full[..16]);
     out
@@ -88,14 +95,14 @@ pub struct Bounds {
 struct ImageRef<'a> {
     time: Nanos,
     keys: Vec<(&'a String, &'a Limit, &'a KeyState)>,
-    ids: Vec<(Nanos, &'a String, Remembered)>,
+    ids: Vec<(Nanos, Digest16, Remembered)>,
 }
 
 #[derive(serde::Deserialize)]
 struct Image {
     time: Nanos,
     keys: Vec<(String, Limit, KeyState)>,
-    ids: Vec<(Nanos, String, Remembered)>,
+    ids: Vec<(Nanos, Digest16, Remembered)>,
 }
 
 #[derive(Debug, Clone)]
@@ -211,7 +218,8 @@ impl ShardState {
                 request_id,
                 on_full,
             } => {
-                if let Some(r) = request_id.as_ref().and_then(|id| self.ids.answers.get(id)) {
+                let id = request_id.as_deref().map(digest16);
+                if let Some(r) = id.as_ref().and_then(|id| self.ids.answers.get(id)) {
                     // The first decision (a denial if it was refunded), and when it was
                     // made (what a refund names).
                     return Applied::Decided {
@@ -223,7 +231,7 @@ impl ShardState {
                     };
                 }
                 let (decision, fallback) = self.decide(key, limit, *cost, *on_full, now);
-                if let Some(id) = request_id {
+                if let Some(id) = id {
                     let mut r = Remembered {
                         decision,
                         fallback,
@@ -232,7 +240,7 @@ impl ShardState {
                         cost: 0,
                     };
                     if decision.allowed() && fallback == Fallback::No && *cost > 0 {
-                        (r.key, r.cost) = (key_digest(key), *cost);
+                        (r.key, r.cost) = (digest16(key), *cost);
                     }
                     self.remember(id, r);
                 }
@@ -258,7 +266,7 @@ impl ShardState {
                     return Applied::Refunded;
                 }
                 if let Some(id) = request_id {
-                    match self.ids.answers.get_mut(id) {
+                    match self.ids.answers.get_mut(&digest16(id)) {
                         Some(r) if r.refundable(key, *cost, *admitted_at) => {
                             r.decision.outcome = Outcome::Denied;
                         }
@@ -316,18 +324,17 @@ impl ShardState {
         (decision, Fallback::No)
     }
 
-    fn remember(&mut self, id: &str, remembered: Remembered) {
+    fn remember(&mut self, id: Digest16, remembered: Remembered) {
         let now = remembered.at;
         if self.ids.answers.len() >= self.bounds.max_request_ids {
             if let Some((_, oldest)) = self.ids.expiry.pop_front() {
                 self.ids.answers.remove(&oldest);
             }
         }
-        self.ids.answers.insert(id.to_owned(), remembered);
-        self.ids.expiry.push_back((
-            now.saturating_add(self.bounds.idempotency_horizon),
-            id.to_owned(),
-        ));
+        self.ids.answers.insert(id, remembered);
+        self.ids
+            .expiry
+            .push_back((now.saturating_add(self.bounds.idempotency_horizon), id));
     }
 
     fn expire_ids(&mut self, now: Nanos) {
@@ -346,11 +353,11 @@ impl ShardState {
     pub fn image(&self) -> Vec<u8> {
         let mut keys: Vec<(&String, &Entry)> = self.keys.iter().collect();
         keys.sort_by(|a, b| a.0.cmp(b.0));
-        let ids: Vec<(Nanos, &String, Remembered)> = self
+        let ids: Vec<(Nanos, Digest16, Remembered)> = self
             .ids
             .expiry
             .iter()
-            .filter_map(|(at, id)| self.ids.answers.get(id).map(|d| (*at, id, *d)))
+            .filter_map(|(at, id)| self.ids.answers.get(id).map(|d| (*at, *id, *d)))
             .collect();
         let image = ImageRef {
             time: self.time,
@@ -390,7 +397,7 @@ impl ShardState {
             );
         }
         for (at, id, remembered) in image.ids {
-            state.ids.answers.insert(id.clone(), remembered);
+            state.ids.answers.insert(id, remembered);
             state.ids.expiry.push_back((at, id));
         }
         Ok(state)
