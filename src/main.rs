@@ -221,6 +221,10 @@ struct ClusterArgs {
     /// what the other item admitted).
     #[arg(long)]
     multi_item_clients: bool,
+    /// Clients also spend limits whose on_unavailable is local or allow: nodes answer those
+    /// by themselves when the shard cannot decide in time (checked: each node's local share).
+    #[arg(long)]
+    fallback_clients: bool,
     /// How the nodes spread keys over shards: "hash" or "slots" (Redis Cluster's hash slots).
     #[arg(long, default_value = "hash", value_parser = parse_sharding)]
     sharding: quorate::shard::route::Sharding,
@@ -435,6 +439,7 @@ fn sim_cluster(a: ClusterArgs) -> Result<(), CliError> {
         quick_restarts: a.quick_restarts,
         retry_clients: a.retry_clients,
         multi_item_clients: a.multi_item_clients,
+        fallback_clients: a.fallback_clients,
         sharding: a.sharding,
         nemesis: !a.no_nemesis,
         controls: Controls {

@@ -14,7 +14,10 @@
 //! invocation and its "allowed" answer (the end of the run for any other outcome: an unknown
 //! outcome may be applied later; the checks here carry request ids, so they get no fallback
 //! denial, and a denial is not applied as an admission, `check_lost`), so a span is taken at
-//! its widest: from the earlier admission's invocation to the later one's answer.
+//! its widest: from the earlier admission's invocation to the later one's answer. An item a
+//! node admitted by its `on_unavailable` rule got its "allowed" from that node, not from the
+//! log, whose decision on the id (if the attempt reached the leader) may come later: the end
+//! of the run bounds it too.
 
 use super::history::{AppliedLog, Op, Outcome};
 use crate::limiter::{Algorithm, Limit, Nanos};
@@ -30,6 +33,7 @@ pub fn check(
     ops: &[Op],
     end: Nanos,
     drift_bound_ppm: i64,
+    outside: &std::collections::BTreeSet<&str>,
     is_strict: impl Fn(&str) -> bool,
 ) -> Vec<String> {
     // Only an "allowed" answer says the decision was made by then: an unknown outcome may be
@@ -41,7 +45,14 @@ pub fn check(
                 (Outcome::Allowed, Some(t)) => t,
                 _ => end,
             };
-            o.logged().map(move |(id, _)| (id, (o.invoked, by)))
+            o.logged().map(move |(id, _)| {
+                let by = if outside.contains(id.as_str()) {
+                    end
+                } else {
+                    by
+                };
+                (id, (o.invoked, by))
+            })
         })
         .collect();
     let mut keys: BTreeMap<&str, (&Limit, Spans)> = BTreeMap::new();

@@ -9,10 +9,10 @@
 //! are in no applied entry: speculative answers whose entries were lost with a leader. (An
 //! admission that is in the log as a denial is a violation by itself: the speculative state is
 //! the committed state with the same entries applied in the same order at the same times, so
-//! where the log holds a leader's answer it gives the same answer. This assumes the
-//! simulation's policies keep `on_unavailable = "deny"`: an `allow` or `local` fallback admits
-//! without the log. Under `deny` a check with a request id, as all of these are, that its shard
-//! cannot decide gets `TRYAGAIN`, an unknown outcome, never a denial.) The speculative
+//! where the log holds a leader's answer it gives the same answer. An `allow` or `local`
+//! fallback admits without the log: such items are passed by here (`check_local` bounds
+//! `local`'s). A check with a request id that its shard cannot decide and its rule would
+//! deny gets `TRYAGAIN`, an unknown outcome, never a denial.) The speculative
 //! state enforces the limit over everything in flight, so each lost batch of in-flight
 //! entries hands out at most one key's capacity again, per window it spans for a fixed
 //! window (whose count starts again at each boundary). The answers a lost leader gave span
@@ -46,6 +46,7 @@ pub fn check(
     history: &History,
     log: &AppliedLog,
     decisions: &BTreeMap<&str, (bool, Nanos)>,
+    outside: &std::collections::BTreeSet<&str>,
     shard_of: impl Fn(&str, &str) -> u32,
     is_fast: impl Fn(&str) -> bool,
     allowance_of: impl Fn(&str) -> u64,
@@ -62,7 +63,10 @@ pub fn check(
     let mut excess: BTreeMap<(&str, &str), u64> = BTreeMap::new();
     let mut denied = Vec::new();
     for op in history.ops.iter().filter(|o| o.outcome == Outcome::Allowed) {
-        for (id, item) in op.logged().filter(|(_, i)| i.fast) {
+        for (id, item) in op
+            .logged()
+            .filter(|(id, i)| i.fast && !outside.contains(id.as_str()))
+        {
             match decisions.get(id.as_str()) {
                 Some((true, _)) => {}
                 Some((false, _)) => denied.push(format!(
@@ -141,6 +145,7 @@ mod tests {
                 h,
                 &AppliedLog::default(),
                 &BTreeMap::new(),
+                &Default::default(),
                 |_, _| 1,
                 |_| true,
                 |_| 1,

@@ -11,6 +11,10 @@
 //! member's cache). A check of several items may be denied with admissions of its other
 //! items in the log: those must be refunded, or they stay spent ([`kept`], the safe side);
 //! and no item of an admitted check is ever refunded.
+//!
+//! An item a node admitted by its `on_unavailable` rule (`allow`, or `local` within its share)
+//! is the node's admission, not the log's: it is passed by here, and bounded by
+//! `check_local`.
 
 use super::history::{History, Outcome};
 use crate::limiter::Nanos;
@@ -20,10 +24,11 @@ pub fn check(
     history: &History,
     decisions: &BTreeMap<&str, (bool, Nanos)>,
     refunded: &BTreeSet<&str>,
+    outside: &BTreeSet<&str>,
 ) -> Vec<String> {
     let mut out = Vec::new();
     for op in history.ops.iter().filter(|o| o.outcome == Outcome::Allowed) {
-        for (id, item) in op.logged() {
+        for (id, item) in op.logged().filter(|(id, _)| !outside.contains(id.as_str())) {
             // Its caller spends it: nothing may give it back.
             if refunded.contains(id.as_str()) {
                 out.push(format!(

@@ -3,7 +3,8 @@
 //! byte-identical for the same seed.
 
 use crate::limiter::{Limit, Nanos};
-use crate::raft::hooks::AppliedEntry;
+use crate::policy::OnUnavailable;
+use crate::raft::hooks::{AppliedEntry, FallbackAnswer};
 use crate::raft::NodeId;
 use crate::service::item_request_id;
 use crate::shard::command::{Applied, Command};
@@ -310,6 +311,50 @@ impl AppliedLog {
     }
 }
 
+/// A check a node answered by its `on_unavailable` rule (`raft::hooks::FallbackAnswer`).
+#[derive(Debug, Clone)]
+pub struct FallbackRecord {
+    pub node: NodeId,
+    /// The node's start: its `local` table is in memory, so each start has its own share.
+    pub incarnation: u64,
+    pub key: String,
+    pub limit: Limit,
+    pub cost: u64,
+    pub request_id: Option<String>,
+    pub rule: OnUnavailable,
+    pub allowed: bool,
+    /// The node's monotonic time.
+    pub at: Nanos,
+}
+
+impl FallbackRecord {
+    pub fn of(f: &FallbackAnswer<'_>) -> Self {
+        FallbackRecord {
+            node: f.node,
+            incarnation: f.incarnation,
+            key: f.key.to_owned(),
+            limit: f.limit.clone(),
+            cost: f.cost,
+            request_id: f.request_id.map(str::to_owned),
+            rule: f.rule,
+            allowed: f.allowed,
+            at: f.at,
+        }
+    }
+}
+
+/// The request ids (of items, `"{id}#{i}"`) that some node admitted by its `on_unavailable`
+/// rule: such an admission is the node's, outside the log, so the checkers that hold an
+/// acknowledged admission to the log pass these by. (Coarse: an id admitted so once and
+/// answered by the log in a later attempt is passed by too.)
+pub fn admitted_outside_the_log(fallbacks: &[FallbackRecord]) -> std::collections::BTreeSet<&str> {
+    fallbacks
+        .iter()
+        .filter(|f| f.allowed)
+        .filter_map(|f| f.request_id.as_deref())
+        .collect()
+}
+
 /// The run's history: operations in invocation order, and the trace.
 #[derive(Debug, Default)]
 pub struct History {
@@ -325,6 +370,8 @@ pub struct History {
     /// Checks sent again under their request id after an unknown outcome
     /// (`--retry-clients`).
     pub retries: u64,
+    /// Every `on_unavailable` answer any node gave, in the order given.
+    pub fallbacks: Vec<FallbackRecord>,
 }
 
 /// Formats simulated nanoseconds as seconds with millisecond precision.

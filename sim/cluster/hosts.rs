@@ -9,7 +9,7 @@
 //! negative control the WAL holds acknowledged writes in process memory (its
 //! `unsafe_volatile` mode), and a crash drops them: that models unsynced writes lost.
 
-use super::history::{AppliedLog, History};
+use super::history::{AppliedLog, FallbackRecord, History};
 use super::Options;
 use crate::clock::{SharedClock, SimClock};
 use crate::config::{ClusterSettings, NodeConfig};
@@ -188,6 +188,16 @@ pub fn handles(
                         );
                     sink_log.lock().unwrap_or_else(|p| p.into_inner()).record(e)
                 })),
+                fallback: Some({
+                    let sink_history = history.clone();
+                    Arc::new(move |f| {
+                        sink_history
+                            .lock()
+                            .unwrap_or_else(|p| p.into_inner())
+                            .fallbacks
+                            .push(FallbackRecord::of(f));
+                    })
+                }),
                 io_on_runtime: true,
                 unsafe_apply_local_clock: opts
                     .controls

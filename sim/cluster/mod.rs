@@ -9,6 +9,8 @@
 //! - [`check_strict`] — strict limits never over-admit in any window;
 //! - [`check_fast`] — fast limits over-admit only within their bound;
 //! - [`check_lost`] — no acknowledged strict admission is lost, and no denial was spent;
+//! - [`check_local`] — a member admitting by itself (`on_unavailable = "local"`) keeps its
+//!   share;
 //! - [`check_once`] — a request id is decided once, however often it is retried;
 //! - [`check_drift`] — in true time, strict limits over-admit no more than clock drift allows;
 //! - [`check_agree`] — replicas applied the same log and agree once healed;
@@ -29,6 +31,7 @@ pub mod check_agree;
 pub mod check_drift;
 pub mod check_fast;
 pub mod check_live;
+pub mod check_local;
 pub mod check_lost;
 pub mod check_once;
 pub mod check_strict;
@@ -127,6 +130,11 @@ pub struct Options {
     /// which `check_strict` and `check_lost` account for. Off by default, so that seeds
     /// replay as they did before the option existed.
     pub multi_item_clients: bool,
+    /// Clients also spend limits whose `on_unavailable` is `local` or `allow`
+    /// (`--fallback-clients`): a node answers those by itself when their shard cannot
+    /// decide in time, outside the log, and `check_local` bounds what `local` admits. Off
+    /// by default, so that seeds replay as they did before the option existed.
+    pub fallback_clients: bool,
     pub keys: usize,
     /// Each client waits a uniform time in this range (ms) between operations.
     pub think_ms: (u64, u64),
@@ -155,6 +163,7 @@ impl Default for Options {
             quick_restarts: false,
             retry_clients: false,
             multi_item_clients: false,
+            fallback_clients: false,
             keys: 300,
             think_ms: (5, 40),
             nemesis: true,
@@ -197,6 +206,12 @@ pub struct OpCounts {
     /// (`check_lost::kept`).
     #[serde(default)]
     pub kept: u64,
+    /// Items nodes admitted by themselves under `on_unavailable = "local"` (within their
+    /// share) and `"allow"` (`--fallback-clients`).
+    #[serde(default)]
+    pub local_admitted: u64,
+    #[serde(default)]
+    pub allow_admitted: u64,
 }
 
 /// One run's result.
@@ -271,6 +286,9 @@ pub fn reproduce(opts: &Options) -> String {
     }
     if opts.multi_item_clients {
         cmd += " --multi-item-clients";
+    }
+    if opts.fallback_clients {
+        cmd += " --fallback-clients";
     }
     if opts.sharding != Sharding::Hash {
         cmd += &format!(" --sharding {}", opts.sharding.name());
@@ -620,21 +638,32 @@ fn run_checked(opts: &Options) -> Report {
     violations.extend(check_strict::check(&log, |k| {
         consistency(k).is_some_and(|c| c.1 == Consistency::Strict)
     }));
+    let outside = history::admitted_outside_the_log(&history.fallbacks);
     violations.extend(check_drift::check(
         &log,
         &history.ops,
         ns(simulated),
         opts.drift_bound_ppm,
+        &outside,
         |k| consistency(k).is_some_and(|c| c.1 == Consistency::Strict),
     ));
     let refunded = log.refunded();
+    for f in history.fallbacks.iter().filter(|f| f.allowed) {
+        match f.rule {
+            crate::policy::OnUnavailable::Local => ops.local_admitted += 1,
+            crate::policy::OnUnavailable::Allow => ops.allow_admitted += 1,
+            crate::policy::OnUnavailable::Deny => {}
+        }
+    }
+    violations.extend(check_local::check(&history.fallbacks, opts.nodes as u64));
     ops.kept = check_lost::kept(&history, &decisions, &refunded);
-    violations.extend(check_lost::check(&history, &decisions, &refunded));
+    violations.extend(check_lost::check(&history, &decisions, &refunded, &outside));
     violations.extend(check_once::check(&log));
     let (fast_excess, fast) = check_fast::check(
         &history,
         &log,
         &decisions,
+        &outside,
         |policy, key| shard_of_key(opts, policy, key),
         |k| consistency(k).is_some_and(|c| c.1 == Consistency::Fast),
         |k| consistency(k).map_or(0, |c| c.0),

@@ -91,6 +91,9 @@ fn child(exe: &Path, opts: &Options, trace: Option<&Path>) -> Command {
     if opts.multi_item_clients {
         cmd.arg("--multi-item-clients");
     }
+    if opts.fallback_clients {
+        cmd.arg("--fallback-clients");
+    }
     cmd.args(["--sharding", opts.sharding.name()]);
     if !opts.nemesis {
         cmd.arg("--no-nemesis");
@@ -242,6 +245,8 @@ impl Sweep {
         o.multi += r.ops.multi;
         o.refunds += r.ops.refunds;
         o.kept += r.ops.kept;
+        o.local_admitted += r.ops.local_admitted;
+        o.allow_admitted += r.ops.allow_admitted;
         if !r.violations.is_empty() {
             self.failing.push((r.seed, r.violations));
         }
@@ -277,6 +282,14 @@ impl Sweep {
                 "checks of two items: {}; refunds in the log: {}; admissions of denied checks \
                  kept (refund not applied, the safe side): {}",
                 o.multi, o.refunds, o.kept
+            );
+        }
+        if o.local_admitted + o.allow_admitted > 0 {
+            let _ = writeln!(
+                t,
+                "admitted by a node itself while their shard could not decide: {} within its \
+                 share (`local`), {} by `allow`",
+                o.local_admitted, o.allow_admitted
             );
         }
         let _ = writeln!(

@@ -9,14 +9,16 @@
 //! one up when the node is down, and sends each check to its shard's leader once it has a
 //! routing map (its history entry still names the node chosen first). With
 //! `--retry-clients` a check whose outcome is unknown is sent again under the same request
-//! id, after a pause, up to [`RETRIES`] times; the history records the last answer.
+//! id, after a pause, up to [`RETRIES`] times; the history records the last answer. With
+//! `--fallback-clients` they also spend the limits that a node answers by itself
+//! (`on_unavailable = "local"` or `"allow"`) when their shard cannot decide in time.
 
 use super::history::{History, Item, Op, Outcome};
 use super::hosts::NodeHandle;
 use super::Options;
 use crate::client::{Client, ClientConfig, ClientError};
 use crate::net::turmoil::TurmoilConnector;
-use crate::policy::{Consistency, PolicySet};
+use crate::policy::{Consistency, OnUnavailable, PolicySet};
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 use std::sync::{Arc, Mutex};
@@ -24,7 +26,10 @@ use std::time::Duration;
 
 /// The policies the clients spend: every algorithm the checkers bound, strict and fast (the
 /// fixed window fast only: its boundaries inside entries are what tests an entry's parts).
-/// Limits are small so hot keys hit them all the time.
+/// Limits are small so hot keys hit them all the time. The last three answer by
+/// `on_unavailable = "local"` or `"allow"` when their shard cannot decide; clients spend them
+/// only with `--fallback-clients` (each node's share of a `local` limit over 3 voters is
+/// a third of it: 1 per second with a burst of 2, and 2 per 2 s).
 pub const POLICIES: &str = r#"
 [limits.tb_strict]
 algorithm = "token_bucket"
@@ -71,6 +76,29 @@ algorithm = "fixed_window"
 limit = 2
 period = "100ms"
 consistency = "fast"
+
+[limits.tb_strict_local]
+algorithm = "token_bucket"
+limit = 3
+period = "1s"
+burst = 6
+consistency = "strict"
+on_unavailable = "local"
+
+[limits.log_fast_local]
+algorithm = "sliding_log"
+limit = 6
+period = "2s"
+consistency = "fast"
+on_unavailable = "local"
+
+[limits.gcra_strict_allow]
+algorithm = "gcra"
+limit = 2
+period = "1s"
+burst = 3
+consistency = "strict"
+on_unavailable = "allow"
 "#;
 
 pub fn policies() -> PolicySet {
@@ -126,6 +154,12 @@ pub async fn client(
     let names: Vec<(String, bool)> = set
         .limits
         .keys()
+        .filter(|n| {
+            opts.fallback_clients
+                || set
+                    .get(n)
+                    .is_some_and(|(_, o)| o.on_unavailable == OnUnavailable::Deny)
+        })
         .map(|n| {
             let fast = set
                 .get(n)

@@ -31,6 +31,7 @@
 //! `max(batch time, state time)`, so an old batch stamped lower cannot turn time back.
 
 use super::denials::DenialCache;
+use super::hooks::FallbackAnswer;
 use super::replies::{ProposerLane, Replies, Waiting};
 use super::rpc::{
     ask, CallError, ForwardError, MemberChange, PeerRequest, PeerResponse, Transport,
@@ -939,6 +940,19 @@ impl Cluster {
                     if request_id.is_some() && decision.outcome == Outcome::Denied {
                         // Counted by the service, which answers it (`settle_unknown`).
                         return Applied::Unknown;
+                    }
+                    if let Some(sink) = &self.config.hooks.fallback {
+                        sink(&FallbackAnswer {
+                            node: self.config.node_id,
+                            incarnation: self.config.incarnation,
+                            key,
+                            limit,
+                            cost: *cost,
+                            request_id: request_id.as_deref(),
+                            rule: *on_full,
+                            allowed: decision.allowed(),
+                            at: now,
+                        });
                     }
                     let label = match on_full {
                         OnUnavailable::Deny => "deny",

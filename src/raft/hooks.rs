@@ -5,6 +5,8 @@
 //!
 //! - `applied` sees every entry a node's state machine applies, so the simulation's checkers
 //!   can resolve unknown client outcomes and compare replicas' applied logs.
+//! - `fallback` sees every check a node answers by its `on_unavailable` rule, so they can
+//!   tell those answers from the log's and bound what `local` admits.
 //! - `io_on_runtime` runs the WAL writer as a task on the host's runtime (a thread's
 //!   timing is outside simulated time; see `WalOptions::writer_on_runtime`).
 //! - the `unsafe_*` switches break one safety mechanism each, so the simulation's checkers
@@ -12,6 +14,8 @@
 
 use super::types::{GroupId, NodeId};
 use crate::clock::SharedClock;
+use crate::limiter::{Limit, Nanos};
+use crate::policy::OnUnavailable;
 use crate::shard::command::{Applied, Batch};
 use std::sync::Arc;
 
@@ -30,9 +34,32 @@ pub struct AppliedEntry<'a> {
 /// Called for every applied entry, on the applying task: must be quick and must not block.
 pub type AppliedSink = Arc<dyn Fn(&AppliedEntry<'_>) + Send + Sync>;
 
+/// A check a node answered by its limit's `on_unavailable` rule: its shard could not decide
+/// it in time. (A check with a request id that the rule would deny is answered as undecided
+/// instead, and is not one of these.)
+pub struct FallbackAnswer<'a> {
+    pub node: NodeId,
+    /// The node's start (`ClusterConfig::incarnation`): a restarted node's `local` table
+    /// starts empty.
+    pub incarnation: u64,
+    pub key: &'a str,
+    /// The limit the check named (under `local` the node kept its share of it).
+    pub limit: &'a Limit,
+    pub cost: u64,
+    pub request_id: Option<&'a str>,
+    pub rule: OnUnavailable,
+    pub allowed: bool,
+    /// The node's monotonic clock when it answered: the time its `local` table decided at.
+    pub at: Nanos,
+}
+
+/// Called for every `on_unavailable` answer, on the answering task: quick, never blocking.
+pub type FallbackSink = Arc<dyn Fn(&FallbackAnswer<'_>) + Send + Sync>;
+
 #[derive(Clone, Default)]
 pub struct Hooks {
     pub applied: Option<AppliedSink>,
+    pub fallback: Option<FallbackSink>,
     pub io_on_runtime: bool,
     /// UNSAFE negative control: apply decides at this node's clock reading instead of the
     /// batch's shard time (replicas diverge; windows are no longer the log's).
@@ -46,6 +73,7 @@ impl std::fmt::Debug for Hooks {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Hooks")
             .field("applied", &self.applied.is_some())
+            .field("fallback", &self.fallback.is_some())
             .field("io_on_runtime", &self.io_on_runtime)
             .field(
                 "unsafe_apply_local_clock",
