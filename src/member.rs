@@ -217,7 +217,7 @@ pub(crate) fn read_highest_member(data_dir: &std::path::Path) -> Result<NodeId, 
 }
 
 /// A one-line record's text, trimmed; `None` if the data directory has no such file.
-fn read_record(data_dir: &std::path::Path, name: &str) -> io::Result<Option<String>> {
+pub(crate) fn read_record(data_dir: &std::path::Path, name: &str) -> io::Result<Option<String>> {
     match std::fs::read_to_string(data_dir.join(name)) {
         Ok(text) => Ok(Some(text.trim().to_string())),
         Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(None),
@@ -294,11 +294,12 @@ pub async fn start<P: Listener, C: Connector>(
             .try_into()
             .unwrap_or_default(),
     );
-    let identities = blocking_io(settings.hooks.io_on_runtime, move || {
+    let io_on_runtime = settings.hooks.io_on_runtime;
+    let identities = blocking_io(io_on_runtime, move || {
         check_log_format(&dir)?;
         check_shard_count(&dir, shards)?;
         check_sharding(&dir, sharding)?;
-        Identities::load(&dir, fresh)
+        Identities::load(&dir, fresh, io_on_runtime)
     })
     .await?;
     let wal_dir = data_dir.join("wal");

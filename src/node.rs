@@ -47,8 +47,10 @@ impl Node {
 
     /// Starts a cluster member (`config.cluster` must be set): opens the node's write-ahead
     /// log and snapshots under `data_dir`, starts every shard's Raft group, the peer server
-    /// on `peer` and the client APIs. `seed` seeds the handshake nonces (from the OS in the
-    /// binary, from the simulation seed under turmoil).
+    /// on `peer` and the client APIs. `seed` seeds the handshake nonces, a new data
+    /// directory's id and the start's incarnation (from the OS in the binary, from the
+    /// simulation seed under turmoil): it must differ at every start, or a wiped member
+    /// would come back with its old data id.
     #[allow(clippy::too_many_arguments)]
     pub async fn start_member<H: Listener, R: Listener, P: Listener, C: Connector>(
         config: NodeConfig,

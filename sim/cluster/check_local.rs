@@ -1,9 +1,11 @@
 //! Invariant: what a member admits by itself while a shard cannot decide (`on_unavailable =
 //! "local"`) keeps to its share of the limit. Per member — per start of it: the share's table
 //! is in memory — and per key, the admissions it answered so keep the bound of the limit's
-//! share over the voters ([`Limit::share`], computed here from the policy, not taken from the
-//! node), in the member's own monotonic time, the clock its table decides by. So N members
-//! together admit at most N shares beside what the log admits (docs/semantics.md).
+//! share over the voters, in the member's own monotonic time, the clock its table decides
+//! by. The share is the one docs/semantics.md promises, each of quota and capacity divided by
+//! the voters (at least 1), written out here ([`share`]) rather than taken from the node or
+//! from `Limit::share`, so that a fault in either shows. So N members together admit at most
+//! N shares beside what the log admits.
 
 use super::bound;
 use super::history::FallbackRecord;
@@ -11,6 +13,18 @@ use crate::limiter::{Limit, Nanos};
 use crate::policy::OnUnavailable;
 use crate::raft::NodeId;
 use std::collections::BTreeMap;
+
+/// A member's share of `limit` among `voters`: each of quota and capacity divided, at least 1.
+pub fn share(limit: &Limit, voters: u64) -> Option<Limit> {
+    let part = |v: u64| (v / voters.max(1)).max(1);
+    Limit::new(
+        limit.algorithm(),
+        part(limit.quota()),
+        limit.period(),
+        part(limit.capacity()),
+    )
+    .ok()
+}
 
 pub fn check(fallbacks: &[FallbackRecord], voters: u64) -> Vec<String> {
     type Admitted<'a> = (&'a Limit, Vec<(Nanos, u64)>);
@@ -28,10 +42,16 @@ pub fn check(fallbacks: &[FallbackRecord], voters: u64) -> Vec<String> {
     for ((node, _, key), (limit, mut times)) in per {
         // One member's answers come in its clock's order; sorted all the same (stable).
         times.sort_by_key(|t| t.0);
-        if let Some(v) = bound::violation(&limit.share(voters), &times) {
-            out.push(format!(
-                "local: node {node} admitted {key} beyond its share of the limit by itself: {v}"
-            ));
+        match share(limit, voters) {
+            Some(share) => {
+                if let Some(v) = bound::violation(&share, &times) {
+                    out.push(format!(
+                        "local: node {node} admitted {key} beyond its share of the limit by \
+                         itself: {v}"
+                    ));
+                }
+            }
+            None => out.push(format!("local: no share of {key}'s limit {limit:?}")),
         }
     }
     out

@@ -13,8 +13,8 @@
 //! and no item of an admitted check is ever refunded.
 //!
 //! An item a node admitted by its `on_unavailable` rule (`allow`, or `local` within its share)
-//! is the node's admission, not the log's: it is passed by here, and bounded by
-//! `check_local`.
+//! is the node's admission, not the log's: it need not be in the log (`check_local` bounds
+//! it), though it must not be refunded either (only the log's admissions are).
 
 use super::history::{History, Outcome};
 use crate::limiter::Nanos;
@@ -28,7 +28,7 @@ pub fn check(
 ) -> Vec<String> {
     let mut out = Vec::new();
     for op in history.ops.iter().filter(|o| o.outcome == Outcome::Allowed) {
-        for (id, item) in op.logged().filter(|(id, _)| !outside.contains(id.as_str())) {
+        for (id, item) in op.logged() {
             // Its caller spends it: nothing may give it back.
             if refunded.contains(id.as_str()) {
                 out.push(format!(
@@ -36,7 +36,8 @@ pub fn check(
                     item.policy, item.key
                 ));
             }
-            if item.fast {
+            // An admission the node made by itself is not the log's to hold.
+            if item.fast || outside.contains(id.as_str()) {
                 continue;
             }
             match decisions.get(id.as_str()) {

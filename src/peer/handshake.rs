@@ -79,7 +79,7 @@ pub enum HandshakeError {
         presented: DataId,
     },
     #[error(
-        "node {0} refused this member: it knows this member's id with another data \
+        "node {0} refused this member, saying it knows this member's id with another data \
          directory. A member that lost its data may not rejoin under its old id: have node \
          {0}'s cluster remove this id and start this member under a new id \
          (docs/operations.md, \"Replacing a failed member\")"
@@ -238,11 +238,11 @@ fn me(cfg: &PeerConfig) -> Party {
 
 /// Accepts an authenticated peer's data id ([`super::identity::Identities::admit`]); a node
 /// without identities accepts any.
-fn admit(cfg: &PeerConfig, peer: Party) -> Result<(), HandshakeError> {
+async fn admit(cfg: &PeerConfig, peer: Party) -> Result<(), HandshakeError> {
     let Some(ids) = &cfg.identities else {
         return Ok(());
     };
-    ids.admit(peer.id, peer.data).map_err(|m| match m {
+    ids.admit(peer.id, peer.data).await.map_err(|m| match m {
         Mismatch::Changed {
             recorded,
             presented,
@@ -266,7 +266,7 @@ fn hello(cfg: &PeerConfig, nonce: &[u8; NONCE]) -> Vec<u8> {
     m
 }
 
-/// The dialer's side: proves the secret to node `expected` and checks its proof.
+/// The dialer's side: proves the secret to node `expected` and checks its proof and data id.
 pub async fn client<S: AsyncRead + AsyncWrite + Unpin>(
     s: &mut S,
     cfg: &PeerConfig,
@@ -296,7 +296,7 @@ pub async fn client<S: AsyncRead + AsyncWrite + Unpin>(
     .verify_slice(&their_mac)
     .map_err(|_| HandshakeError::BadMac)?;
     // Authenticated: now its data id may be recorded, or found changed (then close).
-    admit(cfg, server)?;
+    admit(cfg, server).await?;
     let proof = client_mac(&cfg.secret, version, &nonce_c, &nonce_s, me(cfg), server);
     s.write_all(&proof).await?;
     s.flush().await?;
@@ -309,7 +309,7 @@ pub async fn client<S: AsyncRead + AsyncWrite + Unpin>(
     }
 }
 
-/// The acceptor's side: checks the dialer's id and proof; returns the dialer's id.
+/// The acceptor's side: checks the dialer's id, proof and data id; returns the dialer's id.
 pub async fn server<S: AsyncRead + AsyncWrite + Unpin>(
     s: &mut S,
     cfg: &PeerConfig,
@@ -347,10 +347,11 @@ pub async fn server<S: AsyncRead + AsyncWrite + Unpin>(
     .map_err(|_| HandshakeError::BadMac)?;
     // Authenticated: now its data id may be recorded, or found changed (then say so, so that
     // the refused member's log names the fix, and close).
-    if let Err(e) = admit(cfg, client) {
+    if let Err(e) = admit(cfg, client).await {
         if matches!(e, HandshakeError::DataChanged { .. }) {
-            s.write_all(&[DATA_REFUSED]).await?;
-            s.flush().await?;
+            // Best effort: the refusal (and its log line) stands whether or not it arrives.
+            let _ = s.write_all(&[DATA_REFUSED]).await;
+            let _ = s.flush().await;
         }
         return Err(e);
     }
@@ -521,8 +522,8 @@ mod tests {
         let (c, s) = run(one.clone(), 2, two.clone()).await;
         c.unwrap();
         assert_eq!(s.unwrap(), 1);
-        assert_eq!(one_ids.recorded(2), Some(0x22));
-        assert_eq!(two_ids.recorded(1), Some(0x11));
+        assert_eq!(one_ids.recorded(2).await, Some(0x22));
+        assert_eq!(two_ids.recorded(1).await, Some(0x11));
         // The same directories again: accepted.
         let (c, s) = run(one.clone(), 2, two.clone()).await;
         c.unwrap();
@@ -552,17 +553,24 @@ mod tests {
         assert!(e.to_string().contains("new id"), "{e}");
         assert!(matches!(s, Err(HandshakeError::Closed)), "{s:?}");
         // The record did not move.
-        assert_eq!(two_ids.recorded(1), Some(0x11));
+        assert_eq!(two_ids.recorded(1).await, Some(0x11));
     }
 
     #[tokio::test]
     async fn an_unauthenticated_hello_records_no_data_id() {
+        let stranger = |id| {
+            let (mut c, _) = with_data(id, 0x99);
+            c.secret = Arc::from(&b"not the cluster secret, 32 bytes"[..]);
+            c
+        };
+        // A stranger dialing a member, and a member dialing a stranger at a peer's address.
         let (two, ids) = with_data(2, 0x22);
-        let (mut stranger, _) = with_data(1, 0x99);
-        stranger.secret = Arc::from(&b"not the cluster secret, 32 bytes"[..]);
-        let (c, s) = run(stranger, 2, two).await;
+        let (c, s) = run(stranger(1), 2, two.clone()).await;
         assert!(c.is_err() && s.is_err(), "{c:?} {s:?}");
-        assert_eq!(ids.recorded(1), None);
+        let (c, s) = run(two, 3, stranger(3)).await;
+        assert!(c.is_err() && s.is_err(), "{c:?} {s:?}");
+        assert_eq!(ids.recorded(1).await, None);
+        assert_eq!(ids.recorded(3).await, None);
     }
 
     #[tokio::test]

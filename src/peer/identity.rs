@@ -5,7 +5,9 @@
 //! its id on an empty (or another) data directory has forgotten both: it may vote a second time
 //! in a term it already voted in, so two leaders of one term become possible, and an entry a
 //! majority had acknowledged may then be overwritten. So every data directory holds a random
-//! id of its own (`DATA/data-id`, written on its first start), each member sends it in the
+//! id of its own (`DATA/data-id`, written when the directory has no log yet: on its first
+//! start, or after its log was deleted, which forgets the votes as surely as a new directory
+//! does; a log without the id is refused at start), each member sends it in the
 //! handshake (under the MAC), and each member records, on the first authenticated handshake
 //! with a node, the data id that node presented (`DATA/peer-data-ids`, synced before the
 //! connection is accepted). A later handshake of that node with another data id is refused on
@@ -14,13 +16,14 @@
 //!
 //! What this does not catch: a data directory copied or restored from a backup keeps its data
 //! id with older state, and a node that no member has completed a handshake with is trusted on
-//! first sight.
+//! first sight. The refusal a member receives (one byte after the peer checked its proof) is
+//! not itself authenticated: it is logged as the peer's word.
 
 use super::NodeId;
+use crate::member::{blocking_io, read_record, write_record};
 use std::collections::BTreeMap;
 use std::io;
 use std::path::PathBuf;
-use std::sync::Mutex;
 
 /// A data directory's id: 128 random bits, written on its first start. 0 is "none".
 pub type DataId = u128;
@@ -34,9 +37,14 @@ pub const PEERS_FILE: &str = "peer-data-ids";
 #[derive(Debug)]
 pub struct Identities {
     own: DataId,
-    known: Mutex<BTreeMap<NodeId, DataId>>,
-    /// Where the known ids are kept (`None`: in memory only, for tests).
-    path: Option<PathBuf>,
+    /// An async lock: a new record is written (and synced) while it is held, so records
+    /// reach the file in the order they were made, and no runtime thread waits on it.
+    known: tokio::sync::Mutex<BTreeMap<NodeId, DataId>>,
+    /// The data directory the known ids are kept in (`None`: in memory only, for tests).
+    dir: Option<PathBuf>,
+    /// Write on the runtime, not the blocking pool (the simulation: see
+    /// `Hooks::io_on_runtime`).
+    io_on_runtime: bool,
 }
 
 /// Why a peer's data id was not accepted.
@@ -53,59 +61,71 @@ impl Identities {
     pub fn in_memory(own: DataId) -> Self {
         Identities {
             own,
-            known: Mutex::new(BTreeMap::new()),
-            path: None,
+            known: tokio::sync::Mutex::new(BTreeMap::new()),
+            dir: None,
+            io_on_runtime: false,
         }
     }
 
-    /// This member's identities from its data directory: its data id (created from `fresh`
-    /// if the directory has none yet) and the peers' recorded ones.
-    pub fn load(data_dir: &std::path::Path, fresh: DataId) -> io::Result<Self> {
+    /// This member's identities from its data directory, before its log is opened: its data
+    /// id, and the peers' recorded ones. A directory without a log (`wal/`) gets a new data
+    /// id from `fresh`, whatever id it held: its log, and the votes in it, are gone. A log
+    /// without a data id is refused: the member could not prove it is the one that wrote it.
+    pub fn load(
+        data_dir: &std::path::Path,
+        fresh: DataId,
+        io_on_runtime: bool,
+    ) -> io::Result<Self> {
         let own_path = data_dir.join(DATA_ID_FILE);
-        let own = match std::fs::read_to_string(&own_path) {
-            Ok(text) => parse_id(text.trim()).ok_or_else(|| {
+        let has_log = data_dir.join("wal").exists();
+        let own = match read_record(data_dir, DATA_ID_FILE)? {
+            Some(text) if has_log => parse_id(&text).ok_or_else(|| {
                 invalid(format!(
-                    "{} should hold this data directory's id (32 hex digits), not {:?}: \
-                     restore it from the member's other copy, or start the member under a new \
+                    "{} should hold this data directory's id (32 hex digits), not {text:?}: \
+                     restore it from a copy of this directory, or start the member under a new \
                      id on an empty data directory (docs/operations.md, \"Replacing a failed \
                      member\")",
                     own_path.display(),
-                    text.trim()
                 ))
             })?,
-            Err(e) if e.kind() == io::ErrorKind::NotFound => {
+            None if has_log => {
+                return Err(invalid(format!(
+                    "the data directory {} holds a log but no {DATA_ID_FILE}, which its peers \
+                     know it by: restore the file from a copy of this directory, or start the \
+                     member under a new id on an empty data directory (docs/operations.md, \
+                     \"Replacing a failed member\")",
+                    data_dir.display()
+                )))
+            }
+            _ => {
                 let id = fresh.max(1);
-                crate::member::write_record(data_dir, DATA_ID_FILE, format_args!("{id:032x}"))?;
+                write_record(data_dir, DATA_ID_FILE, format_args!("{id:032x}"))?;
                 id
             }
-            Err(e) => return Err(e),
         };
         let path = data_dir.join(PEERS_FILE);
         let mut known = BTreeMap::new();
-        match std::fs::read_to_string(&path) {
-            Ok(text) => {
-                for line in text.lines().filter(|l| !l.trim().is_empty()) {
-                    let entry = line.split_once(' ').and_then(|(node, id)| {
-                        Some((node.trim().parse::<NodeId>().ok()?, parse_id(id.trim())?))
-                    });
-                    let (node, id) = entry.ok_or_else(|| {
-                        invalid(format!(
-                            "{} has a line {line:?} that is not `NODE-ID DATA-ID` (a number, \
-                             32 hex digits): mend or remove that line (a node without a line \
-                             is trusted on its next handshake)",
-                            path.display()
-                        ))
-                    })?;
-                    known.insert(node, id);
-                }
+        if let Some(text) = read_record(data_dir, PEERS_FILE)? {
+            for line in text.lines().filter(|l| !l.trim().is_empty()) {
+                let entry = line.split_once(' ').and_then(|(node, id)| {
+                    Some((node.trim().parse::<NodeId>().ok()?, parse_id(id.trim())?))
+                });
+                let (node, id) = entry.ok_or_else(|| {
+                    invalid(format!(
+                        "{} has a line {line:?} that is not `NODE-ID DATA-ID` (a number, \
+                         32 hex digits): mend or remove that line (a node without a line \
+                         is trusted on its next handshake)",
+                        path.display()
+                    ))
+                })?;
+                known.insert(node, id);
             }
-            Err(e) if e.kind() == io::ErrorKind::NotFound => {}
-            Err(e) => return Err(e),
         }
         Ok(Identities {
             own,
-            known: Mutex::new(known),
-            path: Some(path),
+            known: tokio::sync::Mutex::new(known),
+            dir: Some(data_dir.to_path_buf()),
+            io_on_runtime,
         })
     }
 
@@ -115,15 +135,20 @@ impl Identities {
     }
 
     /// The data id recorded for `node`, if any.
-    pub fn recorded(&self, node: NodeId) -> Option<DataId> {
-        self.lock().get(&node).copied()
+    pub async fn recorded(&self, node: NodeId) -> Option<DataId> {
+        self.known.lock().await.get(&node).copied()
     }
 
     /// Accepts `node`'s data id if it is the one recorded for it, or records it (durably,
     /// before answering) if none is. Call only once the peer proved the cluster secret: an
     /// unauthenticated hello must not fix what a node's id is.
-    pub fn admit(&self, node: NodeId, presented: DataId) -> Result<(), Mismatch> {
-        let mut known = self.lock();
+    pub async fn admit(&self, node: NodeId, presented: DataId) -> Result<(), Mismatch> {
+        if presented == 0 {
+            return Err(Mismatch::NotRecorded(format!(
+                "node {node} presented no data directory id"
+            )));
+        }
+        let mut known = self.known.lock().await;
         match known.get(&node) {
             Some(&recorded) if recorded == presented => return Ok(()),
             Some(&recorded) => {
@@ -134,28 +159,27 @@ impl Identities {
             }
             None => {}
         }
-        known.insert(node, presented);
-        // Written while the lock is held, so records reach the file in the order they were
-        // made; it happens once per peer (blocking the runtime for one small synced write).
-        if let Some(path) = &self.path {
+        // Once per peer: every record, synced, before the connection is accepted.
+        if let Some(dir) = &self.dir {
             let text: String = known
                 .iter()
+                .chain([(&node, &presented)])
                 .map(|(n, id)| format!("{n} {id:032x}\n"))
                 .collect();
-            let dir = path.parent().unwrap_or(std::path::Path::new("."));
-            if let Err(e) = crate::member::write_record(dir, PEERS_FILE, text.trim_end()) {
-                known.remove(&node);
+            let at = dir.clone();
+            let written = blocking_io(self.io_on_runtime, move || {
+                write_record(&at, PEERS_FILE, text.trim_end())
+            })
+            .await;
+            if let Err(e) = written {
                 return Err(Mismatch::NotRecorded(format!(
                     "cannot record node {node}'s data id in {}: {e}",
-                    path.display()
+                    dir.join(PEERS_FILE).display()
                 )));
             }
         }
+        known.insert(node, presented);
         Ok(())
-    }
-
-    fn lock(&self) -> std::sync::MutexGuard<'_, BTreeMap<NodeId, DataId>> {
-        self.known.lock().unwrap_or_else(|p| p.into_inner())
     }
 }
 
@@ -174,42 +198,65 @@ fn invalid(message: String) -> io::Error {
 mod tests {
     use super::*;
 
-    #[test]
-    fn a_node_is_recorded_on_first_sight_and_held_to_it_across_restarts() {
+    #[tokio::test]
+    async fn a_node_is_recorded_on_first_sight_and_held_to_it_across_restarts() {
         let dir = tempfile::tempdir().unwrap();
-        let ids = Identities::load(dir.path(), 7).unwrap();
+        let ids = Identities::load(dir.path(), 7, false).unwrap();
+        // The log the member then opens.
+        std::fs::create_dir(dir.path().join("wal")).unwrap();
         assert_eq!(ids.own(), 7);
-        assert_eq!(ids.admit(2, 20), Ok(()));
-        assert_eq!(ids.admit(3, 30), Ok(()));
-        assert_eq!(ids.admit(2, 20), Ok(()));
+        assert_eq!(ids.admit(2, 20).await, Ok(()));
+        assert_eq!(ids.admit(3, 30).await, Ok(()));
+        assert_eq!(ids.admit(2, 20).await, Ok(()));
         assert_eq!(
-            ids.admit(2, 21),
+            ids.admit(2, 21).await,
             Err(Mismatch::Changed {
                 recorded: 20,
                 presented: 21
             })
         );
+        assert!(matches!(
+            ids.admit(4, 0).await,
+            Err(Mismatch::NotRecorded(_))
+        ));
         // Restarted: the directory keeps its own id (the fresh one offered is ignored) and
         // the peers' ids.
-        let again = Identities::load(dir.path(), 8).unwrap();
+        let again = Identities::load(dir.path(), 8, false).unwrap();
         assert_eq!(again.own(), 7);
-        assert_eq!(again.recorded(2), Some(20));
-        assert_eq!(again.recorded(3), Some(30));
-        assert!(matches!(again.admit(3, 31), Err(Mismatch::Changed { .. })));
+        assert_eq!(again.recorded(2).await, Some(20));
+        assert_eq!(again.recorded(3).await, Some(30));
+        assert_eq!(again.recorded(4).await, None);
+        assert!(matches!(
+            again.admit(3, 31).await,
+            Err(Mismatch::Changed { .. })
+        ));
+        // Its log deleted: the votes are gone, so the directory is a new one to its peers.
+        std::fs::remove_dir(dir.path().join("wal")).unwrap();
+        let wiped = Identities::load(dir.path(), 9, false).unwrap();
+        assert_eq!(wiped.own(), 9);
         // A new directory gets a new id.
         let other = tempfile::tempdir().unwrap();
-        assert_eq!(Identities::load(other.path(), 9).unwrap().own(), 9);
+        assert_eq!(Identities::load(other.path(), 10, false).unwrap().own(), 10);
     }
 
     #[test]
-    fn damaged_records_are_refused_naming_the_file_and_the_fix() {
+    fn damaged_or_missing_records_are_refused_naming_the_file_and_the_fix() {
         let dir = tempfile::tempdir().unwrap();
+        std::fs::create_dir(dir.path().join("wal")).unwrap();
+        let e = Identities::load(dir.path(), 1, false)
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains(DATA_ID_FILE) && e.contains("new id"), "{e}");
         std::fs::write(dir.path().join(DATA_ID_FILE), "not hex\n").unwrap();
-        let e = Identities::load(dir.path(), 1).unwrap_err().to_string();
+        let e = Identities::load(dir.path(), 1, false)
+            .unwrap_err()
+            .to_string();
         assert!(e.contains(DATA_ID_FILE) && e.contains("new id"), "{e}");
         std::fs::write(dir.path().join(DATA_ID_FILE), format!("{:032x}\n", 5)).unwrap();
         std::fs::write(dir.path().join(PEERS_FILE), "2 zz\n").unwrap();
-        let e = Identities::load(dir.path(), 1).unwrap_err().to_string();
+        let e = Identities::load(dir.path(), 1, false)
+            .unwrap_err()
+            .to_string();
         assert!(e.contains(PEERS_FILE) && e.contains("2 zz"), "{e}");
     }
 }

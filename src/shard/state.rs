@@ -45,7 +45,7 @@ struct Remembered {
     at: Nanos,
     /// Of an admission the algorithm made: its key (a digest, [`digest16`]) and cost,
     /// what a refund under the id must name and may give back at most. Zero otherwise.
-    key: [u8; 16],
+    key: Digest16,
     cost: u64,
 }
 
@@ -64,13 +64,14 @@ impl Remembered {
     }
 }
 
+/// 16 bytes of a string's SHA-256 ([`digest16`]).
+type Digest16 = [u8; 16];
+
 /// The first 16 bytes of a string's SHA-256: what the shard keeps of request ids, and of the
 /// key of an admission under one (what a refund under the id must name). Clients choose
 /// both, so the digest must resist collisions, unlike the tables' hash (a retry whose id
 /// collided with another client's would get that client's answer): finding two strings
 /// with one digest takes about 2^64 hashes. It is the same on every replica.
-type Digest16 = [u8; 16];
-
 fn digest16(text: &str) -> Digest16 {
     use sha2::Digest;
     let full = sha2::Sha256::digest(text.as_bytes());
