@@ -68,6 +68,13 @@ fn derive_seed(seed: &[u8; 32], label: &[u8]) -> [u8; 32] {
     h.finalize().into()
 }
 
+/// 16 bytes of [`derive_seed`] as a number (a new data directory's id, a start's incarnation).
+fn derive_number(seed: &[u8; 32], label: &[u8]) -> u128 {
+    let mut bytes = [0u8; 16];
+    bytes.copy_from_slice(&derive_seed(seed, label)[..16]);
+    u128::from_le_bytes(bytes)
+}
+
 /// The file in a data directory that records its cluster's shard count.
 pub const SHARDS_FILE: &str = "shards";
 
@@ -289,11 +296,7 @@ pub async fn start<P: Listener, C: Connector>(
     let shards = config.shards.max(1);
     let sharding = config.sharding;
     let dir = data_dir.clone();
-    let fresh = u128::from_le_bytes(
-        derive_seed(&seed, b"data-id")[..16]
-            .try_into()
-            .unwrap_or_default(),
-    );
+    let fresh = derive_number(&seed, b"data-id");
     let io_on_runtime = settings.hooks.io_on_runtime;
     let identities = blocking_io(io_on_runtime, move || {
         check_log_format(&dir)?;
@@ -359,9 +362,8 @@ pub async fn start<P: Listener, C: Connector>(
     cluster_config.pipeline = settings.pipeline;
     cluster_config.snapshot_every = settings.snapshot_every;
     cluster_config.hooks = settings.hooks.clone();
-    let incarnation = derive_seed(&seed, b"incarnation");
-    cluster_config.incarnation =
-        u64::from_le_bytes(incarnation[..8].try_into().unwrap_or_default());
+    // The low 8 bytes, as this was before `derive_number`: the same incarnations.
+    cluster_config.incarnation = derive_number(&seed, b"incarnation") as u64;
     let bounds = Service::bounds(&config);
     // openraft's random draws (election timeouts) come from the node's seed, not the OS's
     // directly: under the simulation that makes elections reproducible.

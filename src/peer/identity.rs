@@ -57,7 +57,8 @@ pub enum Mismatch {
 }
 
 impl Identities {
-    /// Identities kept in memory only.
+    /// Identities kept in memory only (for the handshake's tests).
+    #[cfg(test)]
     pub fn in_memory(own: DataId) -> Self {
         Identities {
             own,
