@@ -131,13 +131,14 @@ pub fn check_shard_count(data_dir: &std::path::Path, shards: u32) -> io::Result<
 /// The file in a data directory that records the format of its log entries.
 pub const LOG_FORMAT_FILE: &str = "log-format";
 
-/// The log entry format this build writes and reads (entries and snapshots). 4: snapshots
+/// The log entry format this build writes and reads (entries and snapshots). 5: snapshots
+/// hold the group's member history (`shard::state::MemberHistory`); 4: snapshots
 /// hold request ids as 16-byte digests; 3: refunds
 /// carry their admission's request id, snapshots remember when each id was decided and
 /// whether it was refunded, and bucket and GCRA keys their last admission's time; 2:
 /// entries carry the shard times of their parts (`Batch::later`); 1 (no record) had one
 /// time per entry.
-pub const LOG_FORMAT: u32 = 4;
+pub const LOG_FORMAT: u32 = 5;
 
 /// Refuses a data directory whose log this build cannot read: one recorded with another
 /// format, or a log without a record (written before format 2). A directory without a
@@ -200,27 +201,6 @@ pub fn check_sharding(data_dir: &std::path::Path, sharding: Sharding) -> io::Res
             found.name()
         ),
     ))
-}
-
-/// The file in a data directory that records the highest node id its member has seen in any
-/// group's membership. A membership names only current members; this record is what keeps
-/// a removed member's id from being given to a new one (`Cluster::change_members`).
-pub const MEMBER_IDS_FILE: &str = "highest-member-id";
-
-/// The record's value: 0 if there is none yet.
-pub(crate) fn read_highest_member(data_dir: &std::path::Path) -> Result<NodeId, String> {
-    let path = data_dir.join(MEMBER_IDS_FILE);
-    let text = read_record(data_dir, MEMBER_IDS_FILE)
-        .map_err(|e| format!("cannot read {}: {e}", path.display()))?;
-    text.map_or(Ok(0), |text| {
-        text.parse().map_err(|_| {
-            format!(
-                "{} should hold the highest node id this member has seen, not {text:?}: write \
-                 the highest id your cluster has ever used into it",
-                path.display(),
-            )
-        })
-    })
 }
 
 /// A one-line record's text, trimmed; `None` if the data directory has no such file.
@@ -523,19 +503,5 @@ mod tests {
         let e = check_shard_count(dir.path(), 16).unwrap_err();
         assert_eq!(e.kind(), io::ErrorKind::InvalidData);
         assert!(e.to_string().contains(SHARDS_FILE), "{e}");
-    }
-
-    #[test]
-    fn the_highest_member_record_reads_as_zero_when_absent_and_refuses_garbage() {
-        let dir = tempfile::tempdir().unwrap();
-        assert_eq!(read_highest_member(dir.path()), Ok(0));
-        write_record(dir.path(), MEMBER_IDS_FILE, 7).unwrap();
-        assert_eq!(read_highest_member(dir.path()), Ok(7));
-        std::fs::write(dir.path().join(MEMBER_IDS_FILE), "seven\n").unwrap();
-        let e = read_highest_member(dir.path()).unwrap_err();
-        assert!(
-            e.contains(MEMBER_IDS_FILE) && e.contains("\"seven\""),
-            "{e}"
-        );
     }
 }

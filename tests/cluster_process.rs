@@ -1075,7 +1075,6 @@ async fn a_node_added_at_runtime_serves_and_a_removed_node_leaves() {
     }
 
     // Node 1 leaves; the other three keep deciding, and the limit still holds.
-    // Through node 2, which carried out the add: node 3 learns of id 4 only by itself.
     let answer = blocking(|| change(&cluster, 1, r#"{"remove": {"id": 1}}"#));
     assert!(answer.starts_with("HTTP/1.1 200"), "{answer}");
     let after = blocking(|| voters_become(&cluster, 2, &[2, 3, 4]));
@@ -1096,25 +1095,10 @@ async fn a_node_added_at_runtime_serves_and_a_removed_node_leaves() {
     }
     assert_eq!(admitted, 30);
 
-    // A removed member's id stays taken, even for a member that carried out none of the
-    // changes: each records the highest id it has seen in a membership. Node 4, the highest,
-    // leaves through node 2, and node 3 refuses to take id 4 back (node 4's process, with
-    // its old state, is still running: the add would succeed without the record).
-    let record = cluster.members[2].dir.join("highest-member-id");
-    let started = Instant::now();
-    while std::fs::read_to_string(&record)
-        .ok()
-        .as_deref()
-        .map(str::trim)
-        != Some("4")
-    {
-        assert!(
-            started.elapsed() < Duration::from_secs(15),
-            "node 3 never recorded id 4 in {}",
-            record.display()
-        );
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    // A removed member's id stays taken, also at a member that carried out none of the
+    // changes: every shard's replicated history holds it. Node 4, the highest, leaves
+    // through node 2, and node 3 refuses to take id 4 back (node 4's process, with its old
+    // state, is still running: the add would succeed otherwise).
     let answer = blocking(|| change(&cluster, 1, r#"{"remove": {"id": 4}}"#));
     assert!(answer.starts_with("HTTP/1.1 200"), "{answer}");
     let after = blocking(|| voters_become(&cluster, 2, &[2, 3]));
@@ -1130,6 +1114,69 @@ async fn a_node_added_at_runtime_serves_and_a_removed_node_leaves() {
     assert!(back.contains("not fresh"), "{back}");
     let after = blocking(|| voters(&cluster, 2));
     assert!(after.iter().all(|v| v == &vec![2, 3]), "{after:?}");
+}
+
+/// The ids every shard has removed, as member `i`'s replicas have applied them.
+fn removed(cluster: &Cluster, i: usize) -> Vec<Vec<u64>> {
+    group_field(cluster, i, "removed")
+        .iter()
+        .map(|r| {
+            r.as_array()
+                .map(|v| v.iter().filter_map(|x| x.as_u64()).collect())
+                .unwrap_or_default()
+        })
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_member_that_was_down_while_an_id_came_and_went_refuses_that_id() {
+    // Node 3 is stopped; node 4 joins and is removed again through node 1 (two of three,
+    // then three of four, are a majority). Node 3 never saw node 4 in a membership it
+    // applied at the time, but its replicas catch up on the log: the history comes back
+    // with it, and node 3 refuses id 4 (node 4's process, old state and all, still runs).
+    let mut cluster = blocking(|| Cluster::start(3, &policies(), &[]));
+    assert!(blocking(|| cluster.stop(2)));
+    let four = blocking(|| cluster.spawn_joining());
+    let peer4 = cluster.members[four].peer;
+    let add4 = format!(r#"{{"add": {{"id": 4, "addr": "{peer4}"}}}}"#);
+    let answer = blocking(|| change(&cluster, 0, &add4));
+    assert!(answer.starts_with("HTTP/1.1 200"), "{answer}");
+    let answer = blocking(|| change(&cluster, 0, r#"{"remove": {"id": 4}}"#));
+    assert!(answer.starts_with("HTTP/1.1 200"), "{answer}");
+    let after = blocking(|| voters_become(&cluster, 0, &[1, 2, 3]));
+    assert!(after.iter().all(|v| v == &vec![1, 2, 3]), "{after:?}");
+
+    blocking(|| {
+        cluster.spawn(2);
+        cluster.wait_ready(Duration::from_secs(30));
+    });
+    // Node 3 has applied every shard's log as far as node 1 holds it (the removal's entry
+    // included: node 1's membership, read from its log, no longer has node 4).
+    let committed = blocking(|| group_field(&cluster, 0, "last_log_index"));
+    let started = Instant::now();
+    loop {
+        let applied = blocking(|| group_field(&cluster, 2, "applied_index"));
+        let caught_up = applied.len() == SHARDS
+            && applied
+                .iter()
+                .zip(&committed)
+                .all(|(a, c)| a.as_u64() >= c.as_u64());
+        if caught_up {
+            break;
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(15),
+            "node 3 never caught up: applied {applied:?}, committed {committed:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let back = blocking(|| change(&cluster, 2, &add4));
+    assert!(back.starts_with("HTTP/1.1 400"), "{back}");
+    assert!(back.contains("not fresh"), "{back}");
+    let after = blocking(|| voters(&cluster, 2));
+    assert!(after.iter().all(|v| v == &vec![1, 2, 3]), "{after:?}");
+    // The status shows each shard's removed ids.
+    assert_eq!(blocking(|| removed(&cluster, 2)), vec![vec![4u64]; SHARDS]);
 }
 
 fn group_field(cluster: &Cluster, i: usize, field: &str) -> Vec<serde_json::Value> {

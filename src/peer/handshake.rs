@@ -15,12 +15,13 @@ use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 
 /// Opens every handshake: "quorate peer".
 pub const MAGIC: [u8; 4] = *b"QRPR";
-/// The peer protocol version; both sides must speak the same one. 4: hellos carry the
+/// The peer protocol version; both sides must speak the same one. 5: snapshots the log format
+/// 5, and a membership change's refusal (`raft::rpc::ChangeError`); 4: hellos carry the
 /// sender's data id ([`super::identity`]), and snapshots the log format 4; 3: refunds carry their
 /// admission's request id, and snapshots the log format 3 (`member::LOG_FORMAT`), which
 /// version 2 cannot decode; 2: log entries carry their parts' shard times (`Batch::later`),
 /// which version 1 cannot decode.
-pub const VERSION: u16 = 4;
+pub const VERSION: u16 = 5;
 /// Set in the version a member sends when its cluster places keys by hash slot (`sharding =
 /// "slots"`): members placing keys differently would decide one key in two groups, so they
 /// must not talk.

@@ -34,18 +34,17 @@ use super::denials::DenialCache;
 use super::hooks::FallbackAnswer;
 use super::replies::{ProposerLane, Replies, Waiting};
 use super::rpc::{
-    ask, CallError, ForwardError, MemberChange, PeerRequest, PeerResponse, Transport,
+    ask, CallError, ChangeError, ForwardError, MemberChange, PeerRequest, PeerResponse, Transport,
 };
 use super::state_machine::{MachineInfo, ShardMachine};
 use super::types::{Applies, GroupId, NodeId, TypeConfig};
 use crate::clock::{ShardTime, SharedClock};
 use crate::limiter::{Decision, Nanos, Outcome};
-use crate::member::MEMBER_IDS_FILE;
 use crate::metrics::Metrics;
 use crate::policy::OnUnavailable;
 use crate::shard::actor::ShardError;
 use crate::shard::command::{Applied, Batch, Command, Fallback};
-use crate::shard::state::{Bounds, ShardState};
+use crate::shard::state::{Bounds, MemberHistory, ShardState};
 use openraft::storage::RaftLogStorage;
 use openraft::{BasicNode, Raft, ServerState};
 use serde::Serialize;
@@ -215,6 +214,9 @@ pub struct GroupStatus {
     pub leader: Option<NodeId>,
     /// The group's voters, as this node last saw its membership.
     pub voters: Vec<NodeId>,
+    /// Node ids removed from the group's membership, as this node's replica has applied
+    /// them ([`MemberHistory`]): never given to a new member.
+    pub removed: Vec<NodeId>,
     pub term: u64,
     pub last_log_index: u64,
     pub commit_index: u64,
@@ -254,9 +256,6 @@ pub struct Cluster {
     peer_resp: Mutex<std::collections::HashMap<NodeId, (Option<std::net::SocketAddr>, u64)>>,
     /// Held while members are asked for their RESP addresses: one round at a time.
     resp_asking: tokio::sync::Mutex<()>,
-    /// The highest node id this member has seen in a group's membership, as recorded in
-    /// [`MEMBER_IDS_FILE`]; the lock is held while the record is written.
-    highest_member: tokio::sync::Mutex<NodeId>,
 }
 
 /// The epoch of the entries a leader proposes ([`Batch::epoch`]): one per start of a node
@@ -306,8 +305,6 @@ impl Cluster {
             ));
         }
         let raft_config = config.raft_config()?;
-        let highest_member =
-            tokio::sync::Mutex::new(crate::member::read_highest_member(&config.data_dir)?);
         let snap_dir = config.data_dir.join("snapshots");
         let members: BTreeMap<NodeId, BasicNode> = config
             .members
@@ -380,7 +377,6 @@ impl Cluster {
             resp_addr: std::sync::OnceLock::new(),
             peer_resp: Mutex::default(),
             resp_asking: tokio::sync::Mutex::new(()),
-            highest_member,
         });
         for g in &cluster.groups {
             tokio::spawn(propose_loop(cluster.clone(), g.clone()));
@@ -516,67 +512,21 @@ impl Cluster {
         ids
     }
 
-    /// Records (durably, in [`MEMBER_IDS_FILE`]) the highest id in `known` (what
-    /// [`Self::known_ids`] gave), if it is above the record, and returns the record. Called
-    /// at each membership change this node carries out and every 3 s (`rebalance_loop`), so
-    /// a member notes an id that stays a member that long while it is up
-    /// (docs/operations.md says when one can be missed). It writes only when the record
-    /// grows, off the runtime.
-    async fn note_members(&self, known: &BTreeMap<NodeId, String>) -> Result<NodeId, String> {
-        let seen = known.keys().copied().max().unwrap_or(0);
-        let mut highest = self.highest_member.lock().await;
-        if seen > *highest {
-            let dir = self.config.data_dir.clone();
-            crate::member::blocking_io(self.config.hooks.io_on_runtime, move || {
-                crate::member::write_record(&dir, MEMBER_IDS_FILE, seen)
-            })
-            .await
-            .map_err(|e| {
-                format!(
-                    "cannot record the highest member id in {}: {e}",
-                    self.config.data_dir.display()
-                )
-            })?;
-            *highest = seen;
-        }
-        Ok(*highest)
+    /// Every group's member history ([`MemberHistory`]), as this node's replica has applied it.
+    fn member_histories(&self) -> Vec<(GroupId, MemberHistory)> {
+        self.groups
+            .iter()
+            .map(|g| (g.id, lock(&g.info_state).members().clone()))
+            .collect()
     }
 
     /// Adds or removes a member in every group, each through its leader. Adding needs a
-    /// fresh id (above every id the cluster has had in its membership, as far as this node
-    /// has seen: [`MEMBER_IDS_FILE`]) unless the same add is being resumed; removing the
-    /// last voters is refused.
+    /// fresh id (above every id the groups' memberships have named, and never removed from
+    /// one: [`check_change`]) unless the same add is being resumed; each group's leader
+    /// refuses an id that left its membership, also when this node's replicas lag. Removing
+    /// the last voters is refused.
     pub async fn change_members(&self, change: MemberChange) -> Result<(), String> {
-        let known = self.known_ids();
-        // Before a remove, so that the id being removed is on record.
-        let highest = self.note_members(&known).await?;
-        match &change {
-            MemberChange::Add { id, addr } => {
-                if !crate::config::is_host_port(addr) {
-                    return Err(format!(
-                        "peer address \"{addr}\" is not HOST:PORT (e.g. 10.0.0.4:7100 or quorate-4:7100)"
-                    ));
-                }
-                if let Some(at) = known.get(id) {
-                    if at != addr {
-                        return Err(format!(
-                            "node {id} is already a member (at {at}); a new node needs a new id"
-                        ));
-                    }
-                }
-                // The record is at least every id in `known`.
-                if *id == 0 || (*id <= highest && !known.contains_key(id)) {
-                    return Err(format!(
-                        "node id {id} is not fresh: use an id above {highest} (ids are not reused, so that a removed node's old state cannot come back)"
-                    ));
-                }
-            }
-            MemberChange::Remove { id } => {
-                if !known.contains_key(id) {
-                    return Err(format!("node {id} is not a member"));
-                }
-            }
-        }
+        check_change(&change, &self.known_ids(), &self.member_histories())?;
         for g in &self.groups {
             let mut done = false;
             for _attempt in 0..20 {
@@ -605,8 +555,9 @@ impl Cluster {
                         Ok(PeerResponse::Members(r)) => r,
                         Ok(other) => Err(ForwardError::Unavailable(format!(
                             "unexpected answer {other:?}"
-                        ))),
-                        Err(e) => Err(ForwardError::Unavailable(e.to_string())),
+                        ))
+                        .into()),
+                        Err(e) => Err(ForwardError::Unavailable(e.to_string()).into()),
                     }
                 };
                 match result {
@@ -614,7 +565,8 @@ impl Cluster {
                         done = true;
                         break;
                     }
-                    Err(e) => {
+                    Err(ChangeError::Refused(why)) => return Err(why),
+                    Err(ChangeError::Retry(e)) => {
                         tracing::info!(shard = g.id, error = %e, "membership change: retrying");
                         tokio::time::sleep(Duration::from_millis(200)).await;
                     }
@@ -627,24 +579,28 @@ impl Cluster {
                 ));
             }
         }
-        if let Err(e) = self.note_members(&self.known_ids()).await {
-            // The next `rebalance_loop` tick tries again.
-            tracing::warn!(error = %e, "membership changed");
-        }
         Ok(())
     }
 
     /// Carries out `change` on `group`, which this node leads.
-    async fn change_group(&self, group: &Group, change: &MemberChange) -> Result<(), ForwardError> {
+    async fn change_group(&self, group: &Group, change: &MemberChange) -> Result<(), ChangeError> {
         if self.leader(group) != Some(self.config.node_id) {
             return Err(ForwardError::NotLeader {
                 leader: self.leader(group),
-            });
+            }
+            .into());
         }
         let voters = Cluster::voters(group);
-        let fail = |e: String| ForwardError::Unavailable(e);
+        let fail = |e: String| ChangeError::Retry(ForwardError::Unavailable(e));
         match change {
             MemberChange::Add { id, addr } => {
+                if lock(&group.info_state).members().removed.contains(id) {
+                    return Err(ChangeError::Refused(format!(
+                        "node id {id} is not fresh: it was removed from shard {} (ids are not \
+                         reused, so that a removed node's old state cannot come back)",
+                        group.id
+                    )));
+                }
                 if voters.contains(id) {
                     return Ok(());
                 }
@@ -1040,11 +996,19 @@ impl Cluster {
                             .collect()
                     })
                     .unwrap_or_default();
+                // Its own statement: the digest below takes the same lock.
+                let removed = lock(&g.info_state)
+                    .members()
+                    .removed
+                    .iter()
+                    .copied()
+                    .collect();
                 GroupStatus {
                     shard: g.id,
                     state: format!("{:?}", m.state),
                     leader: m.current_leader,
                     voters: m.membership_config.membership().voter_ids().collect(),
+                    removed,
                     term: m.current_term,
                     last_log_index: last,
                     commit_index: m.last_applied.map_or(0, |l| l.index),
@@ -1522,6 +1486,69 @@ fn answer(
     let _ = reply.send(a);
 }
 
+/// Whether `change` may be asked of the groups' leaders, given every node their memberships
+/// name now (`known`, with addresses) and their member histories. An add needs an id no
+/// membership has named, above every id one has (so a removed node's old state cannot come
+/// back under its id), unless it is the same add resumed: an id some group has at the same
+/// address, which no group has removed. An id that some group removed while another still
+/// has it is an unfinished remove, not a resumed add: refused, naming the remove to repeat.
+fn check_change(
+    change: &MemberChange,
+    known: &BTreeMap<NodeId, String>,
+    histories: &[(GroupId, MemberHistory)],
+) -> Result<(), String> {
+    match change {
+        MemberChange::Add { id, addr } => {
+            if !crate::config::is_host_port(addr) {
+                return Err(format!(
+                    "peer address \"{addr}\" is not HOST:PORT (e.g. 10.0.0.4:7100 or quorate-4:7100)"
+                ));
+            }
+            // Every id a membership has named: a member now, or removed from one.
+            let highest = histories
+                .iter()
+                .flat_map(|(_, h)| h.removed.iter().copied())
+                .chain(known.keys().copied())
+                .max()
+                .unwrap_or(0);
+            let fresh = format!(
+                "use an id above {highest} (ids are not reused, so that a removed node's old \
+                 state cannot come back)"
+            );
+            if let Some((group, _)) = histories.iter().find(|(_, h)| h.removed.contains(id)) {
+                let unfinished = if known.contains_key(id) {
+                    format!(
+                        "; other shards still have it: finish that remove first (send \
+                         {{\"remove\": {{\"id\": {id}}}}} again)"
+                    )
+                } else {
+                    String::new()
+                };
+                return Err(format!(
+                    "node id {id} is not fresh: it was removed from shard {group}{unfinished}; \
+                     {fresh}"
+                ));
+            }
+            if let Some(at) = known.get(id) {
+                if at != addr {
+                    return Err(format!(
+                        "node {id} is already a member (at {at}); a new node needs a new id"
+                    ));
+                }
+            }
+            if *id == 0 || (*id <= highest && !known.contains_key(id)) {
+                return Err(format!("node id {id} is not fresh: {fresh}"));
+            }
+        }
+        MemberChange::Remove { id } => {
+            if !known.contains_key(id) {
+                return Err(format!("node {id} is not a member"));
+            }
+        }
+    }
+    Ok(())
+}
+
 /// Spreads leadership: every few seconds, a node that does not lead a group it prefers
 /// (group g prefers the member at position g mod members), while that group has a leader
 /// and this node's log has caught up, calls an election for it. With every node doing this
@@ -1532,19 +1559,9 @@ async fn rebalance_loop(cluster: std::sync::Weak<Cluster>) {
     tick.tick().await;
     // Per group: the (leader, term) last seen and since when (ns on the node's clock).
     let mut seen: BTreeMap<GroupId, (Option<NodeId>, u64, u64)> = BTreeMap::new();
-    // Whether the last attempt to record the member ids succeeded (a failure is logged once).
-    let mut noted = true;
     loop {
         tick.tick().await;
         let Some(c) = cluster.upgrade() else { return };
-        match c.note_members(&c.known_ids()).await {
-            Ok(_) => noted = true,
-            Err(e) if noted => {
-                tracing::warn!(error = %e, "member ids not recorded; retrying every 3 s");
-                noted = false;
-            }
-            Err(_) => {}
-        }
         let me = c.config.node_id;
         let now = c.clock.monotonic();
         // openraft 0.9 has no leadership transfer: this node can only call an election, and
@@ -1592,5 +1609,82 @@ async fn rebalance_loop(cluster: std::sync::Weak<Cluster>) {
                 break;
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn known(ids: &[NodeId]) -> BTreeMap<NodeId, String> {
+        ids.iter()
+            .map(|id| (*id, format!("10.0.0.{id}:7100")))
+            .collect()
+    }
+
+    fn history(removed: &[NodeId]) -> MemberHistory {
+        MemberHistory {
+            removed: removed.iter().copied().collect(),
+        }
+    }
+
+    fn add(id: NodeId) -> MemberChange {
+        MemberChange::Add {
+            id,
+            addr: format!("10.0.0.{id}:7100"),
+        }
+    }
+
+    #[test]
+    fn an_add_needs_an_id_no_shard_has_named_or_removed() {
+        let three = [(0, history(&[])), (1, history(&[])), (2, history(&[]))];
+        assert_eq!(check_change(&add(4), &known(&[1, 2, 3]), &three), Ok(()));
+        // Resumed: shard 0 has node 4 already, at the same address, and no shard removed it.
+        let resumed = [(0, history(&[])), (1, history(&[])), (2, history(&[]))];
+        assert_eq!(
+            check_change(&add(4), &known(&[1, 2, 3, 4]), &resumed),
+            Ok(())
+        );
+        // Node 4 came and went while this member's own view saw none of it: the history
+        // (replicated) still has it.
+        let gone = [(0, history(&[4])), (1, history(&[4])), (2, history(&[4]))];
+        let e = check_change(&add(4), &known(&[1, 2, 3]), &gone).unwrap_err();
+        assert!(e.contains("not fresh") && e.contains("above 4"), "{e}");
+        // An unfinished remove: shard 0 dropped node 4, shards 1 and 2 still have it. Not a
+        // resumed add (that would put node 4 back into shard 0): finish the remove.
+        let half = [(0, history(&[4])), (1, history(&[])), (2, history(&[]))];
+        let e = check_change(&add(4), &known(&[1, 2, 3, 4]), &half).unwrap_err();
+        assert!(
+            e.contains("removed from shard 0") && e.contains(r#"{"remove": {"id": 4}}"#),
+            "{e}"
+        );
+        // Below the highest id ever named, never a member here: not fresh either.
+        let e = check_change(&add(2), &known(&[1, 3, 5]), &three).unwrap_err();
+        assert!(e.contains("not fresh") && e.contains("above 5"), "{e}");
+        let e = check_change(&add(0), &known(&[1, 2, 3]), &three).unwrap_err();
+        assert!(e.contains("not fresh"), "{e}");
+        let moved = MemberChange::Add {
+            id: 3,
+            addr: "10.0.0.9:7100".into(),
+        };
+        let e = check_change(&moved, &known(&[1, 2, 3]), &three).unwrap_err();
+        assert!(e.contains("already a member"), "{e}");
+        let nowhere = MemberChange::Add {
+            id: 4,
+            addr: "nowhere".into(),
+        };
+        let e = check_change(&nowhere, &known(&[1, 2, 3]), &three).unwrap_err();
+        assert!(e.contains("HOST:PORT"), "{e}");
+    }
+
+    #[test]
+    fn a_remove_needs_a_member() {
+        let h = [(0, history(&[]))];
+        assert_eq!(
+            check_change(&MemberChange::Remove { id: 2 }, &known(&[1, 2, 3]), &h),
+            Ok(())
+        );
+        let e = check_change(&MemberChange::Remove { id: 7 }, &known(&[1, 2, 3]), &h).unwrap_err();
+        assert!(e.contains("not a member"), "{e}");
     }
 }

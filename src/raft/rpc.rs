@@ -59,6 +59,18 @@ pub enum MemberChange {
     Remove { id: NodeId },
 }
 
+/// Why a shard's leader did not carry out a membership change.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, thiserror::Error)]
+pub enum ChangeError {
+    /// Not now (no leader, a timeout, a leadership that moved): the same change may succeed
+    /// when tried again.
+    #[error("{0}")]
+    Retry(#[from] ForwardError),
+    /// Never, as asked: the leader's shard refuses it (the id left its membership).
+    #[error("{0}")]
+    Refused(String),
+}
+
 /// Why a forwarded batch was not decided by the node it was sent to.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, thiserror::Error)]
 pub enum ForwardError {
@@ -79,7 +91,7 @@ pub enum PeerResponse {
     Vote(Result<VoteResponse<NodeId>, RaftError<NodeId>>),
     Snapshot(Result<InstallSnapshotResponse<NodeId>, RaftError<NodeId, InstallSnapshotError>>),
     Forward(Result<Vec<Applied>, ForwardError>),
-    Members(Result<(), ForwardError>),
+    Members(Result<(), ChangeError>),
     /// The request could not be decoded or names a group this node does not have.
     Refused(String),
     /// The RESP address this node serves clients on (`None` before its server is bound).

@@ -161,6 +161,11 @@ fn write_durably(path: &Path, parts: &[&[u8]]) -> std::io::Result<()> {
     Ok(())
 }
 
+/// Every node a membership names, voters and learners.
+fn node_ids(m: &openraft::Membership<NodeId, BasicNode>) -> std::collections::BTreeSet<NodeId> {
+    m.nodes().map(|(id, _)| *id).collect()
+}
+
 fn encode_meta(meta: &Meta) -> Vec<u8> {
     bincode::serde::encode_to_vec(meta, bincode::config::standard())
         .expect("snapshot meta always encodes")
@@ -248,6 +253,7 @@ impl RaftStateMachine<TypeConfig> for ShardMachine {
                     (applies, Some(batch))
                 }
                 EntryPayload::Membership(m) => {
+                    state.note_membership(&node_ids(self.membership.membership()), &node_ids(&m));
                     self.membership = StoredMembership::new(Some(entry.log_id), m);
                     (Applies::default(), None)
                 }
@@ -325,5 +331,55 @@ impl RaftStateMachine<TypeConfig> for ShardMachine {
             meta: s.meta,
             snapshot: Box::new(Cursor::new(s.data.to_vec())),
         }))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::shard::state::MemberHistory;
+    use openraft::{CommittedLeaderId, Entry};
+    use std::collections::BTreeSet;
+
+    fn bounds() -> Bounds {
+        Bounds {
+            max_keys: 100,
+            idempotency_horizon: 1_000_000_000,
+            max_request_ids: 100,
+        }
+    }
+
+    fn membership(index: u64, voters: &[NodeId]) -> Entry<TypeConfig> {
+        let voters: BTreeSet<NodeId> = voters.iter().copied().collect();
+        Entry {
+            log_id: LogId::new(CommittedLeaderId::new(1, 1), index),
+            payload: EntryPayload::Membership(openraft::Membership::new(vec![voters], ())),
+        }
+    }
+
+    #[tokio::test]
+    async fn applied_membership_entries_leave_a_history_that_snapshots_carry() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut sm = ShardMachine::open(dir.path(), 0, bounds()).unwrap();
+        sm.apply([
+            membership(1, &[1, 2, 3]),
+            membership(2, &[1, 2, 3, 4]),
+            membership(3, &[2, 3, 4]),
+        ])
+        .await
+        .unwrap();
+        let history = |sm: &ShardMachine| lock(&sm.state()).members().clone();
+        let want = MemberHistory {
+            removed: [1].into(),
+        };
+        assert_eq!(history(&sm), want);
+        // Written as a snapshot, then opened by a new process: the history is back.
+        sm.get_snapshot_builder()
+            .await
+            .build_snapshot()
+            .await
+            .unwrap();
+        let reopened = ShardMachine::open(dir.path(), 0, bounds()).unwrap();
+        assert_eq!(history(&reopened), want);
     }
 }

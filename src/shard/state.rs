@@ -7,7 +7,7 @@
 use super::command::{Applied, Batch, Command, Fallback};
 use crate::limiter::{Decision, KeyState, Limit, Nanos, Outcome, SECOND};
 use crate::policy::OnUnavailable;
-use std::collections::VecDeque;
+use std::collections::{BTreeSet, VecDeque};
 
 /// The shard tables' hash map: foldhash is several times faster than SipHash on short keys.
 /// Its seed differs per process and per map (from addresses and time, not the OS's
@@ -80,6 +80,19 @@ fn digest16(text: &str) -> Digest16 {
     out
 }
 
+/// Who has left the shard's Raft group: every node id that was in one of its memberships and
+/// not in the next. With the current members, that is every id the group has ever named.
+/// It changes only as membership entries are
+/// applied (in log order on every replica, [`ShardState::note_membership`]) and snapshots
+/// carry it, so a member added later, or one that was down while an id came and went, knows
+/// it too: what keeps a removed node's id from being given out again
+/// (`Cluster::change_members`). It grows by one id per removal.
+#[derive(Debug, Default, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct MemberHistory {
+    /// The ids that were in a membership of the group and then not in the next one.
+    pub removed: BTreeSet<u64>,
+}
+
 /// The bounds a shard keeps.
 #[derive(Debug, Clone, Copy)]
 pub struct Bounds {
@@ -97,6 +110,7 @@ struct ImageRef<'a> {
     time: Nanos,
     keys: Vec<(&'a String, &'a Limit, &'a KeyState)>,
     ids: Vec<(Nanos, Digest16, Remembered)>,
+    members: &'a MemberHistory,
 }
 
 #[derive(serde::Deserialize)]
@@ -104,12 +118,14 @@ struct Image {
     time: Nanos,
     keys: Vec<(String, Limit, KeyState)>,
     ids: Vec<(Nanos, Digest16, Remembered)>,
+    members: MemberHistory,
 }
 
 #[derive(Debug, Clone)]
 pub struct ShardState {
     keys: HashMap<String, Entry>,
     ids: Idempotency,
+    members: MemberHistory,
     bounds: Bounds,
     /// The time of the last applied batch.
     time: Nanos,
@@ -139,9 +155,23 @@ impl ShardState {
         ShardState {
             keys: HashMap::default(),
             ids: Idempotency::default(),
+            members: MemberHistory::default(),
             bounds,
             time: 0,
         }
+    }
+
+    /// The group's member history ([`MemberHistory`]).
+    pub fn members(&self) -> &MemberHistory {
+        &self.members
+    }
+
+    /// Notes a membership entry: the group's members were `before` and are `after` (every
+    /// node each names, voters and learners).
+    pub fn note_membership(&mut self, before: &BTreeSet<u64>, after: &BTreeSet<u64>) {
+        self.members
+            .removed
+            .extend(before.difference(after).copied());
     }
 
     /// The time of the last applied batch: where a new owner's shard time continues from.
@@ -367,6 +397,7 @@ impl ShardState {
                 .map(|(k, e)| (k, &e.limit, &e.state))
                 .collect(),
             ids,
+            members: &self.members,
         };
         bincode::serde::encode_to_vec(&image, bincode::config::standard())
             .expect("a shard image always encodes")
@@ -388,6 +419,7 @@ impl ShardState {
         }
         let mut state = ShardState::new(bounds);
         state.time = image.time;
+        state.members = image.members;
         for (key, limit, key_state) in image.keys {
             state.keys.insert(
                 key,
@@ -882,5 +914,22 @@ mod tests {
             epoch: 0,
         });
         assert_eq!(s.time(), 100);
+    }
+
+    #[test]
+    fn the_member_history_keeps_every_id_that_left() {
+        let set = |ids: &[u64]| ids.iter().copied().collect::<BTreeSet<u64>>();
+        let mut s = ShardState::new(bounds(10));
+        s.note_membership(&set(&[]), &set(&[1, 2, 3]));
+        // A learner added, made a voter, then node 1 removed.
+        s.note_membership(&set(&[1, 2, 3]), &set(&[1, 2, 3, 4]));
+        s.note_membership(&set(&[1, 2, 3, 4]), &set(&[2, 3, 4]));
+        assert_eq!(s.members().removed, set(&[1]));
+        // The history is in the image (snapshots).
+        s.note_membership(&set(&[2, 3, 4]), &set(&[2, 3]));
+        assert_eq!(s.members().removed, set(&[1, 4]));
+        let copy = ShardState::from_image(&s.image(), bounds(10)).unwrap();
+        assert_eq!(copy.members(), s.members());
+        assert_ne!(copy.digest(), ShardState::new(bounds(10)).digest());
     }
 }
