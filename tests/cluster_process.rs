@@ -1128,6 +1128,63 @@ fn removed(cluster: &Cluster, i: usize) -> Vec<Vec<u64>> {
         .collect()
 }
 
+/// Every shard's learners, as member `i` sees them.
+fn learners(cluster: &Cluster, i: usize) -> Vec<Vec<u64>> {
+    group_field(cluster, i, "learners")
+        .iter()
+        .map(|r| {
+            r.as_array()
+                .map(|v| v.iter().filter_map(|x| x.as_u64()).collect())
+                .unwrap_or_default()
+        })
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_add_of_a_node_that_is_not_there_answers_and_its_learner_can_be_removed() {
+    // Nothing listens at the new node's address. The add answers (openraft would wait for
+    // its catch-up without end) within five write timeouts, leaving it a learner of the
+    // first shard; a remove takes the learner out, and its id is not given out again.
+    let cluster = blocking(|| Cluster::start(3, &policies(), &["--write-timeout", "500ms"]));
+    let add = r#"{"add": {"id": 4, "addr": "127.0.0.1:1"}}"#;
+    let started = Instant::now();
+    let answer = blocking(|| change(&cluster, 0, add));
+    assert!(answer.starts_with("HTTP/1.1 400"), "{answer}");
+    assert!(answer.contains("has not caught up"), "{answer}");
+    assert!(
+        started.elapsed() < Duration::from_secs(30),
+        "{:?}",
+        started.elapsed()
+    );
+    assert!(
+        blocking(|| learners(&cluster, 0))
+            .iter()
+            .any(|l| l == &vec![4]),
+        "{:?}",
+        learners(&cluster, 0)
+    );
+
+    let answer = blocking(|| change(&cluster, 0, r#"{"remove": {"id": 4}}"#));
+    assert!(answer.starts_with("HTTP/1.1 200"), "{answer}");
+    let started = Instant::now();
+    while blocking(|| learners(&cluster, 0)) != vec![Vec::<u64>::new(); SHARDS] {
+        assert!(
+            started.elapsed() < Duration::from_secs(10),
+            "the learner stayed: {:?}",
+            learners(&cluster, 0)
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let voters = blocking(|| voters(&cluster, 0));
+    assert!(voters.iter().all(|v| v == &vec![1, 2, 3]), "{voters:?}");
+    let again = blocking(|| change(&cluster, 0, add));
+    assert!(again.starts_with("HTTP/1.1 400"), "{again}");
+    assert!(again.contains("not fresh"), "{again}");
+    // The cluster decides as before.
+    let c = client(cluster.members[1].resp);
+    assert_eq!(remaining(&c, "small", "after").await, 40);
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_member_that_was_down_while_an_id_came_and_went_refuses_that_id() {
     // Node 3 is stopped; node 4 joins and is removed again through node 1 (two of three,

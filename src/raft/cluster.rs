@@ -214,6 +214,8 @@ pub struct GroupStatus {
     pub leader: Option<NodeId>,
     /// The group's voters, as this node last saw its membership.
     pub voters: Vec<NodeId>,
+    /// Nodes the membership names that do not vote (an add not finished).
+    pub learners: Vec<NodeId>,
     /// Node ids removed from the group's membership, as this node's replica has applied
     /// them ([`MemberHistory`]): never given to a new member.
     pub removed: Vec<NodeId>,
@@ -499,6 +501,13 @@ impl Cluster {
         m.membership_config.membership().voter_ids().collect()
     }
 
+    /// The group's learners: nodes its membership names that do not vote.
+    fn learners(group: &Group) -> Vec<NodeId> {
+        let m = group.raft.metrics();
+        let m = m.borrow();
+        m.membership_config.membership().learner_ids().collect()
+    }
+
     /// Every node any group's membership names (voters and learners), with its address.
     fn known_ids(&self) -> BTreeMap<NodeId, String> {
         let mut ids = BTreeMap::new();
@@ -565,7 +574,7 @@ impl Cluster {
                         done = true;
                         break;
                     }
-                    Err(ChangeError::Refused(why)) => return Err(why),
+                    Err(ChangeError::Final(why)) => return Err(why),
                     Err(ChangeError::Retry(e)) => {
                         tracing::info!(shard = g.id, error = %e, "membership change: retrying");
                         tokio::time::sleep(Duration::from_millis(200)).await;
@@ -595,7 +604,7 @@ impl Cluster {
         match change {
             MemberChange::Add { id, addr } => {
                 if lock(&group.info_state).members().removed.contains(id) {
-                    return Err(ChangeError::Refused(format!(
+                    return Err(ChangeError::Final(format!(
                         "node id {id} is not fresh: it was removed from shard {} (ids are not \
                          reused, so that a removed node's old state cannot come back)",
                         group.id
@@ -604,12 +613,39 @@ impl Cluster {
                 if voters.contains(id) {
                     return Ok(());
                 }
-                // Blocking: returns once the learner has caught up with the log.
-                group
+                // Added as a learner; made a voter only once it holds the log up to its own
+                // add. (openraft's blocking add waits without end, and takes a learner within
+                // `replication_lag_threshold` entries as caught up, one that never answered
+                // included: a node that is not there would have become a voter.) The wait is
+                // bounded, within the caller's `write_timeout * 10` for a step sent here.
+                let added = group
                     .raft
-                    .add_learner(*id, BasicNode::new(addr), true)
+                    .add_learner(*id, BasicNode::new(addr), false)
                     .await
                     .map_err(|e| fail(e.to_string()))?;
+                let at = added.log_id.index;
+                let wait = self.config.write_timeout * 5;
+                let caught_up = group
+                    .raft
+                    .wait(Some(wait))
+                    .metrics(
+                        |m| match &m.replication {
+                            // No longer the leader: the voter change below fails, and is retried.
+                            None => true,
+                            Some(r) => r.get(id).copied().flatten().is_some_and(|l| l.index >= at),
+                        },
+                        "the new node to hold the log up to its add",
+                    )
+                    .await;
+                if caught_up.is_err() {
+                    return Err(ChangeError::Final(format!(
+                        "node {id} has not caught up with shard {} within {wait:?}: check that \
+                         it runs, started with --join, and listens for peers at {addr}. It is a \
+                         learner of that shard now (it does not vote): run the add again to \
+                         wait on, or remove it",
+                        group.id
+                    )));
+                }
                 let ids: std::collections::BTreeSet<NodeId> = [*id].into();
                 group
                     .raft
@@ -618,13 +654,21 @@ impl Cluster {
                     .map_err(|e| fail(e.to_string()))?;
             }
             MemberChange::Remove { id } => {
+                let ids: std::collections::BTreeSet<NodeId> = [*id].into();
                 if !voters.contains(id) {
+                    // A learner (an add that stopped before it became a voter) leaves too.
+                    if Cluster::learners(group).contains(id) {
+                        group
+                            .raft
+                            .change_membership(openraft::ChangeMembers::RemoveNodes(ids), false)
+                            .await
+                            .map_err(|e| fail(e.to_string()))?;
+                    }
                     return Ok(());
                 }
                 if voters.len() <= 1 {
                     return Err(fail("refusing to remove the last voter".into()));
                 }
-                let ids: std::collections::BTreeSet<NodeId> = [*id].into();
                 group
                     .raft
                     .change_membership(openraft::ChangeMembers::RemoveVoters(ids), false)
@@ -1008,6 +1052,7 @@ impl Cluster {
                     state: format!("{:?}", m.state),
                     leader: m.current_leader,
                     voters: m.membership_config.membership().voter_ids().collect(),
+                    learners: m.membership_config.membership().learner_ids().collect(),
                     removed,
                     term: m.current_term,
                     last_log_index: last,

@@ -66,9 +66,11 @@ pub enum ChangeError {
     /// when tried again.
     #[error("{0}")]
     Retry(#[from] ForwardError),
-    /// Never, as asked: the leader's shard refuses it (the id left its membership).
+    /// Not by trying again at once: the leader's shard refuses it (the id left its
+    /// membership), or it went as far as it could (a new node that does not catch up). The
+    /// text says what to do; it goes back to the caller as it is.
     #[error("{0}")]
-    Refused(String),
+    Final(String),
 }
 
 /// Why a forwarded batch was not decided by the node it was sent to.
