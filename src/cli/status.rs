@@ -48,6 +48,11 @@ pub fn run(args: StatusArgs) -> Result<String, String> {
     }
     let v: serde_json::Value =
         serde_json::from_str(&body).map_err(|e| format!("status is not JSON: {e}"))?;
+    Ok(render(&v))
+}
+
+/// The status table of `/v1/admin/status`'s JSON.
+fn render(v: &serde_json::Value) -> String {
     let mut out = String::new();
     let Some(cluster) = v.get("cluster") else {
         out.push_str(&format!(
@@ -55,10 +60,12 @@ pub fn run(args: StatusArgs) -> Result<String, String> {
             v["keys"],
             v["shards"].as_array().map_or(0, Vec::len)
         ));
-        return Ok(out);
+        return out;
     };
     out.push_str(&format!("as seen by node {}\n", cluster["node_id"]));
-    out.push_str("shard  state      leader  term  last_log  commit  applied  keys  lag\n");
+    out.push_str(
+        "shard  state      leader  term  last_log  commit  applied  keys  members      lag\n",
+    );
     for g in cluster["groups"].as_array().into_iter().flatten() {
         let leader = g["leader"]
             .as_u64()
@@ -73,8 +80,18 @@ pub fn run(args: StatusArgs) -> Result<String, String> {
             })
             .unwrap_or_default();
         let n = |v: &serde_json::Value| v.as_u64().map_or("-".to_string(), |x| x.to_string());
+        let ids = |v: &serde_json::Value| {
+            let ids: Vec<String> = v.as_array().into_iter().flatten().map(n).collect();
+            ids.join(",")
+        };
+        // Voters, then learners (an add not finished: they do not vote) marked `+`.
+        let mut members = ids(&g["voters"]);
+        let learners = ids(&g["learners"]);
+        if !learners.is_empty() {
+            members = format!("{members} +{learners}");
+        }
         out.push_str(&format!(
-            "{:>5}  {:<9}  {:>6}  {:>4}  {:>8}  {:>6}  {:>7}  {:>4}  {}\n",
+            "{:>5}  {:<9}  {:>6}  {:>4}  {:>8}  {:>6}  {:>7}  {:>4}  {:<11}  {}\n",
             n(&g["shard"]),
             g["state"].as_str().unwrap_or("?"),
             leader,
@@ -83,8 +100,39 @@ pub fn run(args: StatusArgs) -> Result<String, String> {
             n(&g["commit_index"]),
             n(&g["applied_index"]),
             n(&g["keys"]),
+            members,
             if lag.is_empty() { "-".into() } else { lag },
         ));
     }
-    Ok(out)
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_table_shows_each_shards_voters_and_learners() {
+        let v = serde_json::json!({"cluster": {"node_id": 1, "groups": [
+            {"shard": 0, "state": "Leader", "leader": 1, "term": 2, "last_log_index": 9,
+             "commit_index": 9, "applied_index": 9, "keys": 4, "voters": [1, 2, 3],
+             "learners": [4], "lag": {"2": 0, "3": 1}},
+            {"shard": 1, "state": "Follower", "leader": null, "term": 2, "last_log_index": 5,
+             "commit_index": 5, "applied_index": 5, "keys": 0, "voters": [1, 2, 3],
+             "learners": [], "lag": {}},
+        ]}});
+        let out = render(&v);
+        let lines: Vec<&str> = out.lines().collect();
+        assert_eq!(lines[0], "as seen by node 1");
+        assert!(lines[1].contains("members"), "{out}");
+        assert!(
+            lines[2].contains(" 1,2,3 +4 ") && lines[2].ends_with("2:0 3:1"),
+            "{out}"
+        );
+        assert!(
+            lines[3].contains(" 1,2,3 ") && !lines[3].contains('+'),
+            "{out}"
+        );
+        assert!(lines[3].contains("      -  "), "no leader: {out}");
+    }
 }
