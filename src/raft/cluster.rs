@@ -601,8 +601,38 @@ impl Cluster {
         }
         let voters = Cluster::voters(group);
         let fail = |e: String| ChangeError::Retry(ForwardError::Unavailable(e));
+        let waited = |e: openraft::metrics::WaitError| match e {
+            openraft::metrics::WaitError::Timeout(..) => None,
+            shutting_down => Some(fail(shutting_down.to_string())),
+        };
         match change {
             MemberChange::Add { id, addr } => {
+                // The removed ids are in the applied state, which a new leader may not have
+                // caught up to its log's membership yet (the membership below is the log's).
+                let membership = {
+                    let m = group.raft.metrics();
+                    let m = m.borrow();
+                    m.membership_config.clone()
+                };
+                let at = membership.log_id().map(|l| l.index);
+                group
+                    .raft
+                    .wait(Some(self.config.write_timeout))
+                    .applied_index_at_least(at, "the membership applied")
+                    .await
+                    .map_err(|e| {
+                        waited(e)
+                            .unwrap_or_else(|| fail("the membership is not applied yet".into()))
+                    })?;
+                if let Some(node) = membership.membership().get_node(id) {
+                    if node.addr != *addr {
+                        return Err(ChangeError::Final(format!(
+                            "node {id} is already a member of shard {} (at {}); a new node \
+                             needs a new id",
+                            group.id, node.addr
+                        )));
+                    }
+                }
                 if lock(&group.info_state).members().removed.contains(id) {
                     return Err(ChangeError::Final(format!(
                         "node id {id} is not fresh: it was removed from shard {} (ids are not \
@@ -637,14 +667,17 @@ impl Cluster {
                         "the new node to hold the log up to its add",
                     )
                     .await;
-                if caught_up.is_err() {
-                    return Err(ChangeError::Final(format!(
-                        "node {id} has not caught up with shard {} within {wait:?}: check that \
-                         it runs, started with --join, and listens for peers at {addr}. It is a \
-                         learner of that shard now (it does not vote): run the add again to \
-                         wait on, or remove it",
-                        group.id
-                    )));
+                if let Err(e) = caught_up {
+                    return Err(waited(e).unwrap_or_else(|| {
+                        ChangeError::Final(format!(
+                            "node {id} has not caught up with shard {} within {wait:?}: check \
+                             that it runs, started with --join, and listens for peers at {addr}. \
+                             It is a learner of that shard now (it does not vote): run the add \
+                             again to wait on, or remove it (and, if {addr} was wrong, add the \
+                             node under a new id: a removed id is not given out again)",
+                            group.id
+                        ))
+                    }));
                 }
                 let ids: std::collections::BTreeSet<NodeId> = [*id].into();
                 group
@@ -667,7 +700,10 @@ impl Cluster {
                     return Ok(());
                 }
                 if voters.len() <= 1 {
-                    return Err(fail("refusing to remove the last voter".into()));
+                    return Err(ChangeError::Final(format!(
+                        "refusing to remove the last voter of shard {}",
+                        group.id
+                    )));
                 }
                 group
                     .raft
@@ -1587,7 +1623,9 @@ fn check_change(
         }
         MemberChange::Remove { id } => {
             if !known.contains_key(id) {
-                return Err(format!("node {id} is not a member"));
+                return Err(format!(
+                    "node {id} is not a member (as this member sees the shards' memberships)"
+                ));
             }
         }
     }
