@@ -2,8 +2,10 @@
 //! (the sidecar applications of three members, client `i` preferring member `i`) with
 //! `--tasks` calls in flight in all, each call one check of a random key; with `--routes on`
 //! each client sends a check to its shard's leader, with `--routes off` to its own member,
-//! which forwards what it does not lead. Prints one JSON line: decisions, seconds,
-//! decisions/s, p50 and p99 latency (ms), errors.
+//! which forwards what it does not lead. With `--ids on` each `QR.CHECK` carries a request id
+//! of its own (32 hex digits, as a client's UUID), which every replica of the shard remembers
+//! (docs/semantics.md). Prints one JSON line: decisions, seconds, decisions/s, p50 and p99
+//! latency (ms), errors.
 //!
 //! ```text
 //! cargo run --release --example client_load -- --addrs 127.0.0.1:6380,127.0.0.1:6381,127.0.0.1:6382 --routes on
@@ -21,6 +23,8 @@ enum Kind {
     Strict,
     /// `QR.CHECK fast_gcra key 1` (the same GCRA, `consistency = "fast"`).
     Fast,
+    /// `QR.CHECK strict_gcra key 1` (the same GCRA by name, strict).
+    StrictNamed,
 }
 
 #[derive(Debug, Parser)]
@@ -33,6 +37,9 @@ struct Args {
     routes: String,
     #[arg(long, value_enum, default_value = "strict")]
     kind: Kind,
+    /// Give each check a request id of its own (`QR.CHECK` kinds only).
+    #[arg(long, value_parser = ["on", "off"], default_value = "off")]
+    ids: String,
     /// Calls in flight, over the three clients.
     #[arg(long, default_value_t = 51)]
     tasks: usize,
@@ -50,6 +57,11 @@ struct Args {
 #[tokio::main(flavor = "current_thread")]
 async fn main() {
     let args = Args::parse();
+    let ids = args.ids == "on";
+    if ids && args.kind == Kind::Strict {
+        eprintln!("client_load: CL.THROTTLE takes no request id; use --kind strict-named");
+        std::process::exit(2);
+    }
     let n = args.addrs.len();
     let routes = (args.routes == "on").then_some(Duration::from_secs(1));
     let clients: Vec<Client> = (0..n)
@@ -94,16 +106,23 @@ async fn main() {
             let mut rng = 0x9E37_79B9_7F4A_7C15u64 ^ (t as u64 + 1);
             let mut latencies = Vec::with_capacity(per_task);
             let mut errors = 0u64;
-            for _ in 0..per_task {
+            for i in 0..per_task {
                 // xorshift64: cheap, and the same keys for both runs of a pair.
                 rng ^= rng << 13;
                 rng ^= rng >> 7;
                 rng ^= rng << 17;
                 let key = format!("{prefix}:{}", rng % keys);
+                // Unique per call: the task, the call and the run's prefix.
+                let id =
+                    ids.then(|| format!("{:016x}{:016x}", rng, (t as u64) ^ ((i as u64) << 20)));
+                let id = id.as_deref();
                 let at = Instant::now();
                 let ok = match kind {
                     Kind::Strict => client.throttle(&key, 15, 30, 60, 1).await.is_ok(),
-                    Kind::Fast => client.check(&[("fast_gcra", &key, 1)], None).await.is_ok(),
+                    Kind::Fast => client.check(&[("fast_gcra", &key, 1)], id).await.is_ok(),
+                    Kind::StrictNamed => {
+                        client.check(&[("strict_gcra", &key, 1)], id).await.is_ok()
+                    }
                 };
                 latencies.push(at.elapsed().as_micros() as u64);
                 errors += u64::from(!ok);

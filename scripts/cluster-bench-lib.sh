@@ -17,7 +17,8 @@ NODE_PIDS=()
 
 # write_policies FILE: the policy file both scripts run. CL.THROTTLE key 15 30 60 is an inline
 # GCRA limit, strict (the default); the fast runs use the same limit by name, `fast_gcra`,
-# answered by the leader before commit.
+# answered by the leader before commit; `strict_gcra` is it by name, strict (for QR.CHECK
+# with request ids, which CL.THROTTLE does not take).
 write_policies() {
   cat > "$1" <<'TOML'
 [limits.fast_gcra]
@@ -26,6 +27,12 @@ limit = 30
 period = "60s"
 burst = 16
 consistency = "fast"
+
+[limits.strict_gcra]
+algorithm = "gcra"
+limit = 30
+period = "60s"
+burst = 16
 
 [inline]
 allow = true
