@@ -1017,6 +1017,15 @@ fn voters_become(cluster: &Cluster, i: usize, want: &[u64]) -> Vec<Vec<u64>> {
     }
 }
 
+/// Removes node `id` through member `via`, and waits until member `seen_by` sees `want` as
+/// every shard's voters.
+fn remove_and_wait(cluster: &Cluster, via: usize, id: u64, seen_by: usize, want: &[u64]) {
+    let answer = change(cluster, via, &format!(r#"{{"remove": {{"id": {id}}}}}"#));
+    assert!(answer.starts_with("HTTP/1.1 200"), "{answer}");
+    let after = voters_become(cluster, seen_by, want);
+    assert_eq!(after, vec![want.to_vec(); SHARDS]);
+}
+
 fn change(cluster: &Cluster, via: usize, body: &str) -> String {
     http_within(
         cluster.members[via].http,
@@ -1075,10 +1084,7 @@ async fn a_node_added_at_runtime_serves_and_a_removed_node_leaves() {
     }
 
     // Node 1 leaves; the other three keep deciding, and the limit still holds.
-    let answer = blocking(|| change(&cluster, 1, r#"{"remove": {"id": 1}}"#));
-    assert!(answer.starts_with("HTTP/1.1 200"), "{answer}");
-    let after = blocking(|| voters_become(&cluster, 2, &[2, 3, 4]));
-    assert!(after.iter().all(|v| v == &vec![2, 3, 4]), "{after:?}");
+    blocking(|| remove_and_wait(&cluster, 1, 1, 2, &[2, 3, 4]));
     blocking(|| {
         cluster.stop(0);
         cluster.wait_ready(Duration::from_secs(30));
@@ -1099,10 +1105,7 @@ async fn a_node_added_at_runtime_serves_and_a_removed_node_leaves() {
     // changes: every shard's replicated history holds it. Node 4, the highest, leaves
     // through node 2, and node 3 refuses to take id 4 back (node 4's process, with its old
     // state, is still running: the add would succeed otherwise).
-    let answer = blocking(|| change(&cluster, 1, r#"{"remove": {"id": 4}}"#));
-    assert!(answer.starts_with("HTTP/1.1 200"), "{answer}");
-    let after = blocking(|| voters_become(&cluster, 2, &[2, 3]));
-    assert!(after.iter().all(|v| v == &vec![2, 3]), "{after:?}");
+    blocking(|| remove_and_wait(&cluster, 1, 4, 2, &[2, 3]));
     // Node 3's replicas have applied the removals (its status lists them).
     let started = Instant::now();
     while blocking(|| id_lists(&cluster, 2, "removed")) != vec![vec![1u64, 4]; SHARDS] {
@@ -1193,10 +1196,7 @@ async fn a_member_that_was_down_while_an_id_came_and_went_refuses_that_id() {
     let add4 = format!(r#"{{"add": {{"id": 4, "addr": "{peer4}"}}}}"#);
     let answer = blocking(|| change(&cluster, 0, &add4));
     assert!(answer.starts_with("HTTP/1.1 200"), "{answer}");
-    let answer = blocking(|| change(&cluster, 0, r#"{"remove": {"id": 4}}"#));
-    assert!(answer.starts_with("HTTP/1.1 200"), "{answer}");
-    let after = blocking(|| voters_become(&cluster, 0, &[1, 2, 3]));
-    assert!(after.iter().all(|v| v == &vec![1, 2, 3]), "{after:?}");
+    blocking(|| remove_and_wait(&cluster, 0, 4, 0, &[1, 2, 3]));
 
     blocking(|| {
         cluster.spawn(2);

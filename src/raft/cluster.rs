@@ -501,13 +501,6 @@ impl Cluster {
         m.membership_config.membership().voter_ids().collect()
     }
 
-    /// The group's learners: nodes its membership names that do not vote.
-    fn learners(group: &Group) -> Vec<NodeId> {
-        let m = group.raft.metrics();
-        let m = m.borrow();
-        m.membership_config.membership().learner_ids().collect()
-    }
-
     /// Every node any group's membership names (voters and learners), with its address.
     fn known_ids(&self) -> BTreeMap<NodeId, String> {
         let mut ids = BTreeMap::new();
@@ -599,7 +592,13 @@ impl Cluster {
             }
             .into());
         }
-        let voters = Cluster::voters(group);
+        // The group's membership as its log has it (voters and learners), read once.
+        let membership = {
+            let m = group.raft.metrics();
+            let m = m.borrow();
+            m.membership_config.clone()
+        };
+        let voters: Vec<NodeId> = membership.membership().voter_ids().collect();
         let fail = |e: String| ChangeError::Retry(ForwardError::Unavailable(e));
         let waited = |e: openraft::metrics::WaitError| match e {
             openraft::metrics::WaitError::Timeout(..) => None,
@@ -608,12 +607,7 @@ impl Cluster {
         match change {
             MemberChange::Add { id, addr } => {
                 // The removed ids are in the applied state, which a new leader may not have
-                // caught up to its log's membership yet (the membership below is the log's).
-                let membership = {
-                    let m = group.raft.metrics();
-                    let m = m.borrow();
-                    m.membership_config.clone()
-                };
+                // caught up to its log's membership yet (the membership above is the log's).
                 let at = membership.log_id().map(|l| l.index);
                 group
                     .raft
@@ -626,10 +620,10 @@ impl Cluster {
                     })?;
                 if let Some(node) = membership.membership().get_node(id) {
                     if node.addr != *addr {
-                        return Err(ChangeError::Final(format!(
-                            "node {id} is already a member of shard {} (at {}); a new node \
-                             needs a new id",
-                            group.id, node.addr
+                        return Err(ChangeError::Final(already_a_member(
+                            *id,
+                            Some(group.id),
+                            &node.addr,
                         )));
                     }
                 }
@@ -689,8 +683,9 @@ impl Cluster {
             MemberChange::Remove { id } => {
                 let ids: std::collections::BTreeSet<NodeId> = [*id].into();
                 if !voters.contains(id) {
-                    // A learner (an add that stopped before it became a voter) leaves too.
-                    if Cluster::learners(group).contains(id) {
+                    // A learner (an add that stopped before it became a voter: named, not
+                    // voting) leaves too.
+                    if membership.membership().get_node(id).is_some() {
                         group
                             .raft
                             .change_membership(openraft::ChangeMembers::RemoveNodes(ids), false)
@@ -1567,6 +1562,13 @@ fn answer(
     let _ = reply.send(a);
 }
 
+/// The refusal of an add whose id a member already has at another address (`shard`: the
+/// group whose leader refuses; none when a member refuses for every group).
+fn already_a_member(id: NodeId, shard: Option<GroupId>, at: &str) -> String {
+    let of = shard.map(|g| format!(" of shard {g}")).unwrap_or_default();
+    format!("node {id} is already a member{of} (at {at}); a new node needs a new id")
+}
+
 /// Whether `change` may be asked of the groups' leaders, given every node their memberships
 /// name now (`known`, with addresses) and their member histories. An add needs an id no
 /// membership has named, above every id one has (so a removed node's old state cannot come
@@ -1612,9 +1614,7 @@ fn check_change(
             }
             if let Some(at) = known.get(id) {
                 if at != addr {
-                    return Err(format!(
-                        "node {id} is already a member (at {at}); a new node needs a new id"
-                    ));
+                    return Err(already_a_member(*id, None, at));
                 }
             }
             if *id == 0 || (*id <= highest && !known.contains_key(id)) {
