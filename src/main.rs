@@ -548,8 +548,14 @@ fn check(args: CheckArgs) -> Result<(), CliError> {
             Wait::After(d) => format!(", retry after {:.3} s", d.as_secs_f64()),
             Wait::Never => ", never: the cost exceeds the limit's capacity".into(),
         };
+        let fallback = if i.fallback {
+            " (the limit's on_unavailable answer: its shard could not decide, or the node's \
+             key cap is reached)"
+        } else {
+            ""
+        };
         println!(
-            "{} {} {}: {} of {} remaining{wait}",
+            "{} {} {}: {} of {} remaining{wait}{fallback}",
             if i.allowed { "admitted" } else { "denied" },
             i.limit,
             i.key,

@@ -1335,6 +1335,8 @@ async fn without_a_quorum_checks_get_their_on_unavailable_answer_in_bounded_time
                 let a = alone.check(&[(limit, "x", 1)], None).await.unwrap();
                 slowest = slowest.max(t.elapsed());
                 admitted += a.allowed as u64;
+                // Every answer is the rule's, and says so (RESP's item flag).
+                assert!(a.items[0].fallback, "{limit}: {a:?}");
             }
             (admitted, slowest)
         }
@@ -1438,12 +1440,9 @@ async fn without_a_quorum_checks_get_their_on_unavailable_answer_in_bounded_time
     });
     let mut back = false;
     for _ in 0..50 {
-        if alone
-            .check(&[("down_deny", "x", 1)], None)
-            .await
-            .unwrap()
-            .allowed
-        {
+        let a = alone.check(&[("down_deny", "x", 1)], None).await.unwrap();
+        if a.allowed {
+            assert!(!a.items[0].fallback, "{a:?}");
             back = true;
             break;
         }

@@ -312,7 +312,7 @@ async fn qr_check_is_all_or_nothing() {
     // login: 5 per minute, exact rolling window. Spend all 5 at once.
     c.roundtrip(
         &cmd("QR.CHECK login alice 5"),
-        "*3\r\n:1\r\n:-1\r\n*7\r\n$5\r\nlogin\r\n$5\r\nalice\r\n:1\r\n:5\r\n:0\r\n:-1\r\n:60000\r\n",
+        "*3\r\n:1\r\n:-1\r\n*8\r\n$5\r\nlogin\r\n$5\r\nalice\r\n:1\r\n:5\r\n:0\r\n:-1\r\n:60000\r\n:0\r\n",
     )
     .await;
     // api would admit, login denies: the whole check is denied...
@@ -333,9 +333,28 @@ async fn qr_check_is_all_or_nothing() {
     // ...and api was not spent.
     c.roundtrip(
         &cmd("QR.PEEK api alice"),
-        "*3\r\n:1\r\n:-1\r\n*7\r\n$3\r\napi\r\n$5\r\nalice\r\n:1\r\n:200\r\n:200\r\n:-1\r\n:0\r\n",
+        "*3\r\n:1\r\n:-1\r\n*8\r\n$3\r\napi\r\n$5\r\nalice\r\n:1\r\n:200\r\n:200\r\n:-1\r\n:0\r\n:0\r\n",
     )
     .await;
+}
+
+#[tokio::test]
+async fn an_item_answered_by_on_unavailable_is_marked_as_a_fallback() {
+    // A key cap of one: the second key is answered by `login`'s `on_unavailable` (deny).
+    let node = Node::start(|c| {
+        c.max_keys = 1;
+        c.shards = 1;
+    })
+    .await;
+    let mut c = node.connect().await;
+    for (key, allowed, fallback) in [("alice", 1, 0), ("bob", 0, 1)] {
+        c.send(cmd(&format!("QR.CHECK login {key} 1")).as_bytes())
+            .await;
+        let reply = array(c.frame().await);
+        let item = array(reply[2].clone());
+        assert_eq!(item.len(), 8, "{item:?}");
+        assert_eq!((int(&item[2]), int(&item[7])), (allowed, fallback), "{key}");
+    }
 }
 
 #[tokio::test]
@@ -365,7 +384,7 @@ async fn a_repeated_request_id_gets_the_first_answer_and_spends_nothing_more() {
     let node = Node::start(|_| {}).await;
     let mut c = node.connect().await;
     let first =
-        "*3\r\n:1\r\n:-1\r\n*7\r\n$5\r\nlogin\r\n$4\r\ncarl\r\n:1\r\n:5\r\n:4\r\n:-1\r\n:60000\r\n";
+        "*3\r\n:1\r\n:-1\r\n*8\r\n$5\r\nlogin\r\n$4\r\ncarl\r\n:1\r\n:5\r\n:4\r\n:-1\r\n:60000\r\n:0\r\n";
     c.roundtrip(&cmd("QR.CHECK ID r-1 login carl 1"), first)
         .await;
     c.send(cmd("QR.CHECK ID r-1 login carl 1").as_bytes()).await;

@@ -193,6 +193,9 @@ pub struct ItemAnswer {
     pub retry_after: Wait,
     /// Time until the key is as if never seen; millisecond precision, rounded up.
     pub reset_after: Duration,
+    /// The answer came from the limit's `on_unavailable` rule (the node's key cap reached,
+    /// or in a cluster the shard could not decide in time), not from its algorithm.
+    pub fallback: bool,
 }
 
 /// The answer to a check (`QR.CHECK`) or a peek.

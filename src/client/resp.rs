@@ -216,9 +216,14 @@ fn item_answer(frame: &Frame) -> Result<ItemAnswer, ClientError> {
     let Frame::Array(f) = frame else {
         return Err(unexpected("an item array", frame));
     };
-    let [limit, key, allowed, capacity, remaining, retry_after, reset_after] = f.as_slice() else {
+    // Seven fields: a server from before the fallback flag (its answers are not marked).
+    let (fields, fallback) = match f.as_slice() {
+        [seven @ .., fallback] if f.len() == 8 => (seven, flag(fallback)?),
+        seven => (seven, false),
+    };
+    let [limit, key, allowed, capacity, remaining, retry_after, reset_after] = fields else {
         return Err(ClientError::Protocol(format!(
-            "an item has {} fields, not 7",
+            "an item has {} fields, not 8",
             f.len()
         )));
     };
@@ -230,6 +235,7 @@ fn item_answer(frame: &Frame) -> Result<ItemAnswer, ClientError> {
         remaining: uint(remaining)?,
         retry_after: wait(retry_after, Duration::from_millis)?,
         reset_after: Duration::from_millis(uint(reset_after)?),
+        fallback,
     })
 }
 
@@ -295,7 +301,7 @@ mod tests {
     fn a_denied_check_waits_for_its_slowest_denying_item_to_the_millisecond() {
         let a = check_answer(frame(
             "*4\r\n:0\r\n:2\r\n\
-             *7\r\n$3\r\napi\r\n$1\r\nk\r\n:1\r\n:200\r\n:199\r\n:-1\r\n:11\r\n\
+             *8\r\n$3\r\napi\r\n$1\r\nk\r\n:1\r\n:200\r\n:199\r\n:-1\r\n:11\r\n:1\r\n\
              *7\r\n$5\r\nlogin\r\n$1\r\nk\r\n:0\r\n:5\r\n:0\r\n:1501\r\n:60000\r\n",
         ))
         .unwrap();
@@ -312,6 +318,8 @@ mod tests {
             ("login", 5, 0)
         );
         assert_eq!(a.items[1].reset_after, Duration::from_secs(60));
+        // The first item came from its fallback; the second has no flag (an older server).
+        assert_eq!((a.items[0].fallback, a.items[1].fallback), (true, false));
     }
 
     #[test]
@@ -342,6 +350,9 @@ mod tests {
             "*1\r\n:1\r\n",
             "*3\r\n:1\r\n:-1\r\n:5\r\n",
             "*3\r\n:7\r\n:-1\r\n*0\r\n",
+            "*3\r\n:1\r\n:-1\r\n*6\r\n$1\r\nl\r\n$1\r\nk\r\n:1\r\n:5\r\n:4\r\n:-1\r\n",
+            "*3\r\n:1\r\n:-1\r\n*9\r\n$1\r\nl\r\n$1\r\nk\r\n:1\r\n:5\r\n:4\r\n:-1\r\n:0\r\n:0\r\n:0\r\n",
+            "*3\r\n:1\r\n:-1\r\n*8\r\n$1\r\nl\r\n$1\r\nk\r\n:1\r\n:5\r\n:4\r\n:-1\r\n:0\r\n:2\r\n",
             "*2\r\n:0\r\n:-9\r\n",
         ] {
             assert!(

@@ -7,9 +7,11 @@
 //!
 //! `QR.CHECK` and `QR.PEEK` answer `[allowed (1|0), retry_after s, item...]`, where
 //! `retry_after` is -1 when allowed and -2 when some item can never succeed, and each item is
-//! `[limit, key, allowed (1|0), limit, remaining, retry_after ms, reset_after ms]`: times in
-//! milliseconds rounded up, the item's `retry_after` again -1 when it admitted and -2 when it
-//! never can.
+//! `[limit, key, allowed (1|0), limit, remaining, retry_after ms, reset_after ms, fallback
+//! (1|0)]`: times in milliseconds rounded up, the item's `retry_after` again -1 when it
+//! admitted and -2 when it never can, and `fallback` 1 when the answer came from the limit's
+//! `on_unavailable` rule (key cap reached, or its shard could not decide in time), not from
+//! its algorithm (HTTP's `fallback`).
 //!
 //! Errors of the service become `-ERR ...`, except "unavailable", which is `-TRYAGAIN ...`
 //! so that clients know a retry may succeed.
@@ -17,7 +19,7 @@
 use super::command::CheckReply;
 use super::encode;
 use super::frame::Frame;
-use crate::limiter::{ceil_secs, Decision, Nanos, Outcome};
+use crate::limiter::{ceil_secs, Nanos, Outcome};
 use crate::service::{CheckError, CheckResponse, ItemDecision};
 use bytes::BytesMut;
 
@@ -59,10 +61,10 @@ pub fn write_check_reply(kind: CheckReply, resp: &CheckResponse, out: &mut Bytes
             encode::array_header(2 + resp.items.len(), out);
             encode::integers_in_place(&[i64::from(resp.allowed), check_retry_after(resp)], out);
             for i in &resp.items {
-                encode::array_header(7, out);
+                encode::array_header(8, out);
                 encode::bulk(i.limit.as_bytes(), out);
                 encode::bulk(i.key.as_bytes(), out);
-                encode::integers_in_place(&item_numbers(&i.decision), out);
+                encode::integers_in_place(&item_numbers(i), out);
             }
         }
     }
@@ -110,12 +112,13 @@ fn check_retry_after(resp: &CheckResponse) -> i64 {
 
 fn item(i: &ItemDecision) -> Frame {
     let mut frames = vec![Frame::bulk(i.limit.to_string()), Frame::bulk(i.key.clone())];
-    frames.extend(item_numbers(&i.decision).map(Frame::Integer));
+    frames.extend(item_numbers(i).map(Frame::Integer));
     Frame::Array(frames)
 }
 
-/// An item's numbers: allowed, limit, remaining, retry_after ms, reset_after ms.
-fn item_numbers(d: &Decision) -> [i64; 5] {
+/// An item's numbers: allowed, limit, remaining, retry_after ms, reset_after ms, fallback.
+fn item_numbers(i: &ItemDecision) -> [i64; 6] {
+    let d = &i.decision;
     let retry_after = match d.outcome {
         Outcome::Allowed => -1,
         Outcome::Never => -2,
@@ -127,6 +130,7 @@ fn item_numbers(d: &Decision) -> [i64; 5] {
         saturated(d.remaining),
         retry_after,
         saturated(ceil_millis(d.reset_after)),
+        i64::from(i.fallback),
     ]
 }
 
@@ -144,7 +148,7 @@ pub fn ceil_millis(ns: Nanos) -> u64 {
 mod tests {
     use super::super::encode::to_bytes;
     use super::*;
-    use crate::limiter::{Algorithm, SECOND};
+    use crate::limiter::{Algorithm, Decision, SECOND};
 
     fn decision(
         outcome: Outcome,
@@ -302,9 +306,24 @@ mod tests {
         assert_eq!(
             wire(check_reply(CheckReply::Check, &resp)),
             "*4\r\n:0\r\n:2\r\n\
-             *7\r\n$3\r\napi\r\n$1\r\nk\r\n:1\r\n:200\r\n:199\r\n:-1\r\n:11\r\n\
-             *7\r\n$5\r\nlogin\r\n$1\r\nk\r\n:0\r\n:5\r\n:0\r\n:1501\r\n:60000\r\n"
+             *8\r\n$3\r\napi\r\n$1\r\nk\r\n:1\r\n:200\r\n:199\r\n:-1\r\n:11\r\n:0\r\n\
+             *8\r\n$5\r\nlogin\r\n$1\r\nk\r\n:0\r\n:5\r\n:0\r\n:1501\r\n:60000\r\n:0\r\n"
         );
+    }
+
+    #[test]
+    fn an_item_answered_by_its_fallback_says_so() {
+        let mut fell_back = item("login", "k", decision(Outcome::Allowed, 5, 5, 0, 0));
+        fell_back.fallback = true;
+        let resp = CheckResponse {
+            allowed: true,
+            items: vec![fell_back],
+        };
+        let reply = wire(check_reply(CheckReply::Check, &resp));
+        assert!(reply.ends_with(":-1\r\n:0\r\n:1\r\n"), "{reply:?}");
+        let mut direct = BytesMut::new();
+        write_check_reply(CheckReply::Check, &resp, &mut direct);
+        assert_eq!(&direct[..], reply.as_bytes());
     }
 
     #[test]
@@ -315,7 +334,7 @@ mod tests {
         };
         assert_eq!(
             wire(check_reply(CheckReply::Check, &resp)),
-            "*3\r\n:0\r\n:-2\r\n*7\r\n$5\r\nlogin\r\n$1\r\nk\r\n:0\r\n:5\r\n:5\r\n:-2\r\n:0\r\n"
+            "*3\r\n:0\r\n:-2\r\n*8\r\n$5\r\nlogin\r\n$1\r\nk\r\n:0\r\n:5\r\n:5\r\n:-2\r\n:0\r\n:0\r\n"
         );
     }
 
