@@ -618,22 +618,12 @@ impl Cluster {
                         waited(e)
                             .unwrap_or_else(|| fail("the membership is not applied yet".into()))
                     })?;
-                if let Some(node) = membership.membership().get_node(id) {
-                    if node.addr != *addr {
-                        return Err(ChangeError::Final(already_a_member(
-                            *id,
-                            Some(group.id),
-                            &node.addr,
-                        )));
-                    }
-                }
-                if lock(&group.info_state).members().removed.contains(id) {
-                    return Err(ChangeError::Final(format!(
-                        "node id {id} is not fresh: it was removed from shard {} (ids are not \
-                         reused, so that a removed node's old state cannot come back)",
-                        group.id
-                    )));
-                }
+                let at = membership
+                    .membership()
+                    .get_node(id)
+                    .map(|n| n.addr.as_str());
+                let history = lock(&group.info_state).members().clone();
+                leader_check_add(group.id, *id, addr, at, &history).map_err(ChangeError::Final)?;
                 if voters.contains(id) {
                     return Ok(());
                 }
@@ -1569,6 +1559,29 @@ fn already_a_member(id: NodeId, shard: Option<GroupId>, at: &str) -> String {
     format!("node {id} is already a member{of} (at {at}); a new node needs a new id")
 }
 
+/// A shard leader's own check of an add of node `id` at `addr` (`at`: the address its log's
+/// membership has for `id`, if any), after it applied that membership: the id must not be
+/// a member at another address, nor one its shard removed. (A member checks every shard
+/// first, [`check_change`], from its own replicas, which may lag.)
+fn leader_check_add(
+    shard: GroupId,
+    id: NodeId,
+    addr: &str,
+    at: Option<&str>,
+    history: &MemberHistory,
+) -> Result<(), String> {
+    if let Some(at) = at.filter(|at| *at != addr) {
+        return Err(already_a_member(id, Some(shard), at));
+    }
+    if history.removed.contains(&id) {
+        return Err(format!(
+            "node id {id} is not fresh: it was removed from shard {shard} (ids are not \
+             reused, so that a removed node's old state cannot come back)"
+        ));
+    }
+    Ok(())
+}
+
 /// Whether `change` may be asked of the groups' leaders, given every node their memberships
 /// name now (`known`, with addresses) and their member histories. An add needs an id no
 /// membership has named, above every id one has (so a removed node's old state cannot come
@@ -1716,6 +1729,25 @@ mod tests {
             id,
             addr: format!("10.0.0.{id}:7100"),
         }
+    }
+
+    #[test]
+    fn a_shard_leader_refuses_an_id_its_shard_removed_or_has_elsewhere() {
+        let addr = "127.0.0.1:7104";
+        assert_eq!(leader_check_add(2, 4, addr, None, &history(&[1])), Ok(()));
+        // Resumed: the shard has node 4 at the same address.
+        assert_eq!(
+            leader_check_add(2, 4, addr, Some(addr), &history(&[])),
+            Ok(())
+        );
+        // The member that sent the add had not seen node 4 come and go; the leader has.
+        let e = leader_check_add(2, 4, addr, None, &history(&[4])).unwrap_err();
+        assert!(e.contains("not fresh") && e.contains("shard 2"), "{e}");
+        let e = leader_check_add(2, 4, addr, Some("10.0.0.9:7100"), &history(&[])).unwrap_err();
+        assert!(
+            e.contains("already a member of shard 2 (at 10.0.0.9:7100)"),
+            "{e}"
+        );
     }
 
     #[test]
