@@ -618,12 +618,13 @@ impl Cluster {
                         waited(e)
                             .unwrap_or_else(|| fail("the membership is not applied yet".into()))
                     })?;
-                let at = membership
+                let named_at = membership
                     .membership()
                     .get_node(id)
                     .map(|n| n.addr.as_str());
                 let history = lock(&group.info_state).members().clone();
-                leader_check_add(group.id, *id, addr, at, &history).map_err(ChangeError::Final)?;
+                leader_check_add(group.id, *id, addr, named_at, &history)
+                    .map_err(ChangeError::Final)?;
                 if voters.contains(id) {
                     return Ok(());
                 }
