@@ -68,6 +68,16 @@ enum Command {
     Dev(cli::dev::DevArgs),
     /// Show every shard's Raft state (leader, term, commit index, lag) as one node sees it.
     Status(cli::status::StatusArgs),
+    /// Add or remove a cluster member, through any member (POST /v1/admin/members).
+    #[command(
+        long_about = "Add or remove a cluster member, through any live member.\n\n\
+        The member asked carries the change out shard by shard through each shard's leader \
+        and answers once every shard has it: an add once the new node holds each shard's log \
+        and votes in it. Ids are never reused. Prints the shards' members afterwards; exits 1 \
+        with the member's reason when it refuses (docs/operations.md, \"Replacing a failed \
+        member\")."
+    )]
+    Members(cli::members::MembersArgs),
     /// Exit 0 if the node is ready (/readyz answers 200), 1 if not: a container health check.
     #[command(
         long_about = "Exit 0 if the node is ready, 1 if not: a container health check.\n\n\
@@ -389,6 +399,11 @@ fn run(cli: Cli, thp_off: bool) -> Result<(), CliError> {
         }
         Command::Status(args) => {
             let text = cli::status::run(args).map_err(CliError::Node)?;
+            print!("{text}");
+            Ok(())
+        }
+        Command::Members(args) => {
+            let text = cli::members::run(args).map_err(CliError::Node)?;
             print!("{text}");
             Ok(())
         }

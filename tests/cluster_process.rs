@@ -1026,6 +1026,17 @@ fn remove_and_wait(cluster: &Cluster, via: usize, id: u64, seen_by: usize, want:
     assert_eq!(after, vec![want.to_vec(); SHARDS]);
 }
 
+/// `quorate members ARGS` against member `via`.
+fn members_cli(cluster: &Cluster, via: usize, args: &[&str]) -> std::process::Output {
+    let http = cluster.members[via].http.to_string();
+    std::process::Command::new(env!("CARGO_BIN_EXE_quorate"))
+        .arg("members")
+        .args(args)
+        .args(["--http-addr", &http])
+        .output()
+        .unwrap()
+}
+
 fn change(cluster: &Cluster, via: usize, body: &str) -> String {
     http_within(
         cluster.members[via].http,
@@ -1049,17 +1060,17 @@ async fn a_node_added_at_runtime_serves_and_a_removed_node_leaves() {
                 .allowed
         );
     }
-    // Node 4 joins: started with --join, then added through any member's admin API.
+    // Node 4 joins: started with --join, then added through any member's admin API (here
+    // with `quorate members add`).
     let four = blocking(|| cluster.spawn_joining());
     let peer4 = cluster.members[four].peer;
-    let answer = blocking(|| {
-        change(
-            &cluster,
-            1,
-            &format!(r#"{{"add": {{"id": 4, "addr": "{peer4}"}}}}"#),
-        )
-    });
-    assert!(answer.starts_with("HTTP/1.1 200"), "{answer}");
+    let added = blocking(|| members_cli(&cluster, 1, &["add", "4", &peer4.to_string()]));
+    assert!(added.status.success(), "{added:?}");
+    let out = String::from_utf8_lossy(&added.stdout);
+    assert!(
+        out.starts_with(&format!("node 4 at {peer4} added")) && out.contains("members"),
+        "{out}"
+    );
     blocking(|| cluster.wait_ready(Duration::from_secs(30)));
     let all = blocking(|| voters_become(&cluster, four, &[1, 2, 3, 4]));
     assert_eq!(all.len(), SHARDS);
@@ -1082,6 +1093,14 @@ async fn a_node_added_at_runtime_serves_and_a_removed_node_leaves() {
         assert!(r.starts_with("HTTP/1.1 400"), "{body}: {r}");
         assert!(r.contains(why), "{body}: {r}");
     }
+    // The CLI says why, and exits 1.
+    let refused = blocking(|| members_cli(&cluster, 0, &["remove", "7"]));
+    let err = String::from_utf8_lossy(&refused.stderr);
+    assert_eq!(refused.status.code(), Some(1), "{refused:?}");
+    assert!(
+        err.contains("refused the change (400): node 7 is not a member"),
+        "{err}"
+    );
 
     // Node 1 leaves; the other three keep deciding, and the limit still holds.
     blocking(|| remove_and_wait(&cluster, 1, 1, 2, &[2, 3, 4]));

@@ -3,4 +3,5 @@
 
 pub mod dev;
 pub mod health;
+pub mod members;
 pub mod status;

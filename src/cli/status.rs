@@ -16,29 +16,66 @@ pub struct StatusArgs {
 
 /// Fetches `path` from a node with a plain HTTP/1.1 GET (one request, connection closed).
 pub fn get(addr: SocketAddr, path: &str) -> Result<String, String> {
+    match request(addr, "GET", path, None, Duration::from_secs(5)).map_err(|e| e.0)? {
+        (200, body) => Ok(body),
+        (code, body) => Err(format!(
+            "node at {addr} answered {code}: {}",
+            first_line(&body)
+        )),
+    }
+}
+
+/// Why a request got no answer: what to print, and whether the node may have acted on it
+/// (it was sent, and no answer came within the wait).
+#[derive(Debug)]
+pub struct NoAnswer(pub String, pub bool);
+
+/// One plain HTTP/1.1 request to a node (`body`: JSON to POST), waiting up to `wait` for
+/// the answer; returns its status code and body. Any answer is `Ok`, refusals included.
+pub fn request(
+    addr: SocketAddr,
+    method: &str,
+    path: &str,
+    body: Option<&str>,
+    wait: Duration,
+) -> Result<(u16, String), NoAnswer> {
     let unreachable = |e: std::io::Error| {
-        format!("cannot reach the node at {addr} ({e}); is it running? (--http-addr)")
+        NoAnswer(
+            format!("cannot reach the node at {addr} ({e}); is it running? (--http-addr)"),
+            false,
+        )
     };
     let mut s = TcpStream::connect_timeout(&addr, Duration::from_secs(3)).map_err(unreachable)?;
-    s.set_read_timeout(Some(Duration::from_secs(5)))
-        .map_err(unreachable)?;
+    s.set_read_timeout(Some(wait)).map_err(unreachable)?;
+    let body = body.unwrap_or("");
     write!(
         s,
-        "GET {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n"
+        "{method} {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\
+         Content-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
+        body.len()
     )
     .map_err(unreachable)?;
     let mut raw = String::new();
-    s.read_to_string(&mut raw).map_err(unreachable)?;
-    let (head, body) = raw
-        .split_once("\r\n\r\n")
-        .ok_or_else(|| format!("node at {addr} sent a malformed HTTP answer"))?;
-    if !head.starts_with("HTTP/1.1 200") {
-        return Err(format!(
-            "node at {addr} answered {}",
-            head.lines().next().unwrap_or("")
-        ));
-    }
-    Ok(body.to_string())
+    s.read_to_string(&mut raw).map_err(|e| match e.kind() {
+        std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut => NoAnswer(
+            format!("the node at {addr} did not answer {method} {path} within {wait:?}"),
+            true,
+        ),
+        _ => unreachable(e),
+    })?;
+    let malformed = || NoAnswer(format!("node at {addr} sent a malformed HTTP answer"), true);
+    let (head, body) = raw.split_once("\r\n\r\n").ok_or_else(malformed)?;
+    let code = head
+        .strip_prefix("HTTP/1.1 ")
+        .and_then(|rest| rest.get(..3))
+        .and_then(|c| c.parse().ok())
+        .ok_or_else(malformed)?;
+    Ok((code, body.to_string()))
+}
+
+/// The first line of an answer's body (what a refusal says), for an error message.
+fn first_line(body: &str) -> &str {
+    body.lines().next().unwrap_or("")
 }
 
 pub fn run(args: StatusArgs) -> Result<String, String> {
@@ -52,7 +89,7 @@ pub fn run(args: StatusArgs) -> Result<String, String> {
 }
 
 /// The status table of `/v1/admin/status`'s JSON.
-fn render(v: &serde_json::Value) -> String {
+pub fn render(v: &serde_json::Value) -> String {
     let mut out = String::new();
     let Some(cluster) = v.get("cluster") else {
         out.push_str(&format!(
