@@ -20,7 +20,7 @@ pub struct MembersArgs {
     pub http_addr: SocketAddr,
     /// How long to wait for the answer: an add returns once the new node has caught up with
     /// every shard (up to five write timeouts per shard) and votes in it.
-    #[arg(long, default_value = "5m", value_parser = humantime::parse_duration, global = true)]
+    #[arg(long, default_value = "5m", value_parser = positive_duration, global = true)]
     pub wait: Duration,
 }
 
@@ -40,6 +40,15 @@ pub enum Change {
         /// The member's id.
         id: u64,
     },
+}
+
+/// A duration above zero ("90s", "5m"): how long to wait.
+fn positive_duration(text: &str) -> Result<Duration, String> {
+    match humantime::parse_duration(text) {
+        Ok(d) if !d.is_zero() => Ok(d),
+        Ok(_) => Err("give a wait above zero, e.g. 90s or 5m".into()),
+        Err(e) => Err(format!("{e} (e.g. 90s or 5m)")),
+    }
 }
 
 /// The JSON body of the change.
@@ -105,5 +114,12 @@ mod tests {
         );
         let v: serde_json::Value = serde_json::from_str(&body(&Change::Remove { id: 1 })).unwrap();
         assert_eq!(v, serde_json::json!({"remove": {"id": 1}}));
+    }
+
+    #[test]
+    fn a_wait_is_above_zero() {
+        assert_eq!(positive_duration("90s"), Ok(Duration::from_secs(90)));
+        assert!(positive_duration("0s").unwrap_err().contains("above zero"));
+        assert!(positive_duration("soon").is_err());
     }
 }

@@ -31,7 +31,8 @@ pub fn get(addr: SocketAddr, path: &str) -> Result<String, String> {
 pub struct NoAnswer(pub String, pub bool);
 
 /// One plain HTTP/1.1 request to a node (`body`: JSON to POST), waiting up to `wait` for
-/// the answer; returns its status code and body. Any answer is `Ok`, refusals included.
+/// each read of the answer; returns its status code and body. Any answer is `Ok`, refusals
+/// included.
 pub fn request(
     addr: SocketAddr,
     method: &str,
@@ -47,21 +48,29 @@ pub fn request(
     };
     let mut s = TcpStream::connect_timeout(&addr, Duration::from_secs(3)).map_err(unreachable)?;
     s.set_read_timeout(Some(wait)).map_err(unreachable)?;
-    let body = body.unwrap_or("");
+    let content = body.map_or(String::new(), |b| {
+        format!(
+            "Content-Type: application/json\r\nContent-Length: {}\r\n\r\n{b}",
+            b.len()
+        )
+    });
     write!(
         s,
-        "{method} {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\
-         Content-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
-        body.len()
+        "{method} {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n{}",
+        if content.is_empty() { "\r\n" } else { &content }
     )
     .map_err(unreachable)?;
     let mut raw = String::new();
+    // Sent: from here on the node may have acted on it, whatever happens to the answer.
     s.read_to_string(&mut raw).map_err(|e| match e.kind() {
         std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut => NoAnswer(
             format!("the node at {addr} did not answer {method} {path} within {wait:?}"),
             true,
         ),
-        _ => unreachable(e),
+        _ => NoAnswer(
+            format!("the answer of the node at {addr} to {method} {path} was cut off ({e})"),
+            true,
+        ),
     })?;
     let malformed = || NoAnswer(format!("node at {addr} sent a malformed HTTP answer"), true);
     let (head, body) = raw.split_once("\r\n\r\n").ok_or_else(malformed)?;

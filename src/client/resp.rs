@@ -223,7 +223,7 @@ fn item_answer(frame: &Frame) -> Result<ItemAnswer, ClientError> {
     };
     let [limit, key, allowed, capacity, remaining, retry_after, reset_after] = fields else {
         return Err(ClientError::Protocol(format!(
-            "an item has {} fields, not 8",
+            "an item has {} fields, not 7 or 8",
             f.len()
         )));
     };

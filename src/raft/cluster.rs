@@ -1560,6 +1560,14 @@ fn already_a_member(id: NodeId, shard: Option<GroupId>, at: &str) -> String {
     format!("node {id} is already a member{of} (at {at}); a new node needs a new id")
 }
 
+/// Why ids are not given out twice, for the refusals that say so.
+const NOT_REUSED: &str = "ids are not reused, so that a removed node's old state cannot come back";
+
+/// The refusal of an add of an id that `shard` removed.
+fn removed_from(id: NodeId, shard: GroupId) -> String {
+    format!("node id {id} is not fresh: it was removed from shard {shard}")
+}
+
 /// A shard leader's own check of an add of node `id` at `addr` (`at`: the address its log's
 /// membership has for `id`, if any), after it applied that membership: the id must not be
 /// a member at another address, nor one its shard removed. (A member checks every shard
@@ -1575,10 +1583,7 @@ fn leader_check_add(
         return Err(already_a_member(id, Some(shard), at));
     }
     if history.removed.contains(&id) {
-        return Err(format!(
-            "node id {id} is not fresh: it was removed from shard {shard} (ids are not \
-             reused, so that a removed node's old state cannot come back)"
-        ));
+        return Err(format!("{} ({NOT_REUSED})", removed_from(id, shard)));
     }
     Ok(())
 }
@@ -1608,10 +1613,7 @@ fn check_change(
                 .chain(known.keys().copied())
                 .max()
                 .unwrap_or(0);
-            let fresh = format!(
-                "use an id above {highest} (ids are not reused, so that a removed node's old \
-                 state cannot come back)"
-            );
+            let fresh = format!("use an id above {highest} ({NOT_REUSED})");
             if let Some((group, _)) = histories.iter().find(|(_, h)| h.removed.contains(id)) {
                 let unfinished = if known.contains_key(id) {
                     format!(
@@ -1622,8 +1624,8 @@ fn check_change(
                     String::new()
                 };
                 return Err(format!(
-                    "node id {id} is not fresh: it was removed from shard {group}{unfinished}; \
-                     {fresh}"
+                    "{}{unfinished}; {fresh}",
+                    removed_from(*id, *group)
                 ));
             }
             if let Some(at) = known.get(id) {
