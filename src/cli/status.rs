@@ -54,12 +54,10 @@ pub fn request(
             b.len()
         )
     });
-    write!(
-        s,
-        "{method} {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n{}",
-        if content.is_empty() { "\r\n" } else { &content }
-    )
-    .map_err(unreachable)?;
+    // One write (`write!` would make one per piece).
+    let head = format!("{method} {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n");
+    let tail = if content.is_empty() { "\r\n" } else { &content };
+    s.write_all((head + tail).as_bytes()).map_err(unreachable)?;
     let mut raw = String::new();
     // Sent: from here on the node may have acted on it, whatever happens to the answer.
     s.read_to_string(&mut raw).map_err(|e| match e.kind() {
@@ -156,6 +154,67 @@ pub fn render(v: &serde_json::Value) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A one-shot server on loopback: reads the request, answers `answer`, closes.
+    fn serve_once(answer: &'static str) -> (SocketAddr, std::thread::JoinHandle<String>) {
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let addr = listener.local_addr().unwrap();
+        let server = std::thread::spawn(move || {
+            let (mut s, _) = listener.accept().unwrap();
+            // The whole request (head, then Content-Length bytes): closing with some of it
+            // unread would reset the connection.
+            let mut request = Vec::new();
+            let mut buf = [0; 4096];
+            loop {
+                let n = s.read(&mut buf).unwrap();
+                request.extend_from_slice(&buf[..n]);
+                let text = String::from_utf8_lossy(&request).into_owned();
+                if let Some((head, body)) = text.split_once("\r\n\r\n") {
+                    let length = head
+                        .lines()
+                        .find_map(|l| l.strip_prefix("Content-Length: "))
+                        .map_or(0, |n| n.parse().unwrap());
+                    if body.len() >= length {
+                        s.write_all(answer.as_bytes()).unwrap();
+                        return text;
+                    }
+                }
+                assert!(n > 0, "the request ended early: {text:?}");
+            }
+        });
+        (addr, server)
+    }
+
+    #[test]
+    fn a_request_gives_the_answers_code_and_body_and_a_bad_answer_an_error() {
+        let (addr, server) = serve_once("HTTP/1.1 400 Bad Request\r\n\r\n{\"error\":\"no\"}");
+        let wait = Duration::from_secs(5);
+        let got = request(addr, "POST", "/v1/x", Some("{}"), wait).unwrap();
+        assert_eq!(got, (400, r#"{"error":"no"}"#.to_string()));
+        let sent = server.join().unwrap();
+        assert!(
+            sent.starts_with("POST /v1/x HTTP/1.1\r\n")
+                && sent.contains("Content-Length: 2\r\n")
+                && sent.ends_with("\r\n\r\n{}"),
+            "{sent:?}"
+        );
+        let (addr, server) = serve_once("HTTP/1.1 200 OK\r\n\r\nfine");
+        assert_eq!(get(addr, "/v1/y").unwrap(), "fine");
+        let sent = server.join().unwrap();
+        assert!(!sent.contains("Content-Length"), "{sent:?}");
+        for bad in ["HTTP/1.1 2", "HTTP/1.1 xyz\r\n\r\n", "SMTP ready\r\n\r\n"] {
+            let (addr, server) = serve_once(bad);
+            let e = request(addr, "GET", "/", None, wait).unwrap_err();
+            assert!(e.0.contains("malformed") && e.1, "{bad:?}: {e:?}");
+            server.join().unwrap();
+        }
+        let (addr, server) = serve_once("HTTP/1.1 503 Service Unavailable\r\n\r\nnot ready\n");
+        assert_eq!(
+            get(addr, "/readyz").unwrap_err(),
+            format!("node at {addr} answered 503: not ready")
+        );
+        server.join().unwrap();
+    }
 
     #[test]
     fn the_table_shows_each_shards_voters_and_learners() {
