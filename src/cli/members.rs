@@ -71,7 +71,7 @@ pub fn run(args: MembersArgs) -> Result<String, String> {
         Some(&body(&args.change)),
         args.wait,
     )
-    .map_err(|NoAnswer(why, maybe_acted)| {
+    .map_err(|NoAnswer { why, maybe_acted }| {
         if maybe_acted {
             format!(
                 "{why}: the change may be under way or done. See `quorate status` for each \

@@ -16,7 +16,7 @@ pub struct StatusArgs {
 
 /// Fetches `path` from a node with a plain HTTP/1.1 GET (one request, connection closed).
 pub fn get(addr: SocketAddr, path: &str) -> Result<String, String> {
-    match request(addr, "GET", path, None, Duration::from_secs(5)).map_err(|e| e.0)? {
+    match request(addr, "GET", path, None, Duration::from_secs(5)).map_err(|e| e.why)? {
         (200, body) => Ok(body),
         (code, body) => Err(format!(
             "node at {addr} answered {code}: {}",
@@ -25,10 +25,15 @@ pub fn get(addr: SocketAddr, path: &str) -> Result<String, String> {
     }
 }
 
-/// Why a request got no answer: what to print, and whether the node may have acted on it
-/// (it was sent, and no answer came within the wait).
+/// Why a request got no answer.
 #[derive(Debug)]
-pub struct NoAnswer(pub String, pub bool);
+pub struct NoAnswer {
+    /// What to print.
+    pub why: String,
+    /// Whether the node may have acted on it: it was sent, and the answer did not come
+    /// (in time, whole, or readable).
+    pub maybe_acted: bool,
+}
 
 /// One plain HTTP/1.1 request to a node (`body`: JSON to POST), waiting up to `wait` for
 /// each read of the answer; returns its status code and body. Any answer is `Ok`, refusals
@@ -40,37 +45,38 @@ pub fn request(
     body: Option<&str>,
     wait: Duration,
 ) -> Result<(u16, String), NoAnswer> {
-    let unreachable = |e: std::io::Error| {
-        NoAnswer(
-            format!("cannot reach the node at {addr} ({e}); is it running? (--http-addr)"),
-            false,
-        )
+    let unreachable = |e: std::io::Error| NoAnswer {
+        why: format!("cannot reach the node at {addr} ({e}); is it running? (--http-addr)"),
+        maybe_acted: false,
+    };
+    let sent = |why: String| NoAnswer {
+        why,
+        maybe_acted: true,
     };
     let mut s = TcpStream::connect_timeout(&addr, Duration::from_secs(3)).map_err(unreachable)?;
     s.set_read_timeout(Some(wait)).map_err(unreachable)?;
-    let content = body.map_or(String::new(), |b| {
-        format!(
-            "Content-Type: application/json\r\nContent-Length: {}\r\n\r\n{b}",
+    let mut text = format!("{method} {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n");
+    if let Some(b) = body {
+        text += &format!(
+            "Content-Type: application/json\r\nContent-Length: {}\r\n",
             b.len()
-        )
-    });
+        );
+    }
+    text += "\r\n";
+    text += body.unwrap_or("");
     // One write (`write!` would make one per piece).
-    let head = format!("{method} {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n");
-    let tail = if content.is_empty() { "\r\n" } else { &content };
-    s.write_all((head + tail).as_bytes()).map_err(unreachable)?;
+    s.write_all(text.as_bytes()).map_err(unreachable)?;
     let mut raw = String::new();
     // Sent: from here on the node may have acted on it, whatever happens to the answer.
     s.read_to_string(&mut raw).map_err(|e| match e.kind() {
-        std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut => NoAnswer(
-            format!("the node at {addr} did not answer {method} {path} within {wait:?}"),
-            true,
-        ),
-        _ => NoAnswer(
-            format!("the answer of the node at {addr} to {method} {path} was cut off ({e})"),
-            true,
-        ),
+        std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut => sent(format!(
+            "the node at {addr} did not answer {method} {path} within {wait:?}"
+        )),
+        _ => sent(format!(
+            "the answer of the node at {addr} to {method} {path} was cut off ({e})"
+        )),
     })?;
-    let malformed = || NoAnswer(format!("node at {addr} sent a malformed HTTP answer"), true);
+    let malformed = || sent(format!("node at {addr} sent a malformed HTTP answer"));
     let (head, body) = raw.split_once("\r\n\r\n").ok_or_else(malformed)?;
     let code = head
         .strip_prefix("HTTP/1.1 ")
@@ -206,7 +212,10 @@ mod tests {
         for bad in ["HTTP/1.1 2", "HTTP/1.1 xyz\r\n\r\n", "SMTP ready\r\n\r\n"] {
             let (addr, server) = serve_once(bad);
             let e = request(addr, "GET", "/", None, wait).unwrap_err();
-            assert!(e.0.contains("malformed") && e.1, "{bad:?}: {e:?}");
+            assert!(
+                e.why.contains("malformed") && e.maybe_acted,
+                "{bad:?}: {e:?}"
+            );
             server.join().unwrap();
         }
         let (addr, server) = serve_once("HTTP/1.1 503 Service Unavailable\r\n\r\nnot ready\n");
