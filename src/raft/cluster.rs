@@ -622,9 +622,12 @@ impl Cluster {
                     .membership()
                     .get_node(id)
                     .map(|n| n.addr.as_str());
-                let history = lock(&group.info_state).members().clone();
-                leader_check_add(group.id, *id, addr, named_at, &history)
-                    .map_err(ChangeError::Final)?;
+                // The history is read under the lock (not copied), held in this block only.
+                let checked = {
+                    let state = lock(&group.info_state);
+                    leader_check_add(group.id, *id, addr, named_at, state.members())
+                };
+                checked.map_err(ChangeError::Final)?;
                 if voters.contains(id) {
                     return Ok(());
                 }
