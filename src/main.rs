@@ -235,6 +235,10 @@ struct ClusterArgs {
     /// by themselves when the shard cannot decide in time (checked: each node's local share).
     #[arg(long)]
     fallback_clients: bool,
+    /// About a quarter of the nemesis's picks ask a shard's leader to hand its leadership
+    /// to another node at once (as a rebalance or a removal does).
+    #[arg(long)]
+    handover_faults: bool,
     /// How the nodes spread keys over shards: "hash" or "slots" (Redis Cluster's hash slots).
     #[arg(long, default_value = "hash", value_parser = parse_sharding)]
     sharding: quorate::shard::route::Sharding,
@@ -455,6 +459,7 @@ fn sim_cluster(a: ClusterArgs) -> Result<(), CliError> {
         retry_clients: a.retry_clients,
         multi_item_clients: a.multi_item_clients,
         fallback_clients: a.fallback_clients,
+        handover_faults: a.handover_faults,
         sharding: a.sharding,
         nemesis: !a.no_nemesis,
         controls: Controls {

@@ -42,6 +42,9 @@ pub struct Metrics {
     /// sent to another node's leader, each attempt; a client that sends each key to its
     /// shard's leader keeps it low.
     pub forwarded: IntCounter,
+    /// Shard leaderships this member handed to another member (a rebalance, or before its
+    /// own removal).
+    pub handovers: IntCounter,
     /// Cluster members only (refreshed every second):
     /// WAL submissions made durable, and the fsyncs that covered them.
     pub wal_appends: IntGauge,
@@ -154,6 +157,10 @@ impl Metrics {
             forwarded: counter(
                 "quorate_forwarded_checks_total",
                 "Commands (checks, refunds, evictions) sent to another node's leader, each attempt",
+            ),
+            handovers: counter(
+                "quorate_leader_handovers_total",
+                "Shard leaderships this member handed to another member (rebalance, or before its own removal)",
             ),
             wal_appends: gauge(
                 "quorate_wal_appends",

@@ -128,7 +128,11 @@ impl Node {
     }
 
     /// Stops accepting, lets connections finish their current requests, stops the shards.
+    /// A cluster member first hands the shards it leads to other members.
     pub async fn stop(self) -> io::Result<()> {
+        if let Some(cluster) = self.service.cluster() {
+            cluster.hand_over_all().await;
+        }
         let _ = self.stop.send(true);
         let mut result = Ok(());
         for task in self.tasks {

@@ -901,9 +901,10 @@ async fn a_cached_denial_ends_before_the_leader_would_admit_again() {
 }
 
 /// Leadership spreads back to the members (each takes the shards it prefers) without leaving
-/// a shard leaderless, also with a long election timeout: a preferred member's election that
-/// its voters refuse (they still hear from the leader) deposes the leader for an election
-/// timeout, which made `/readyz` flap on every member every few seconds.
+/// a shard leaderless, also with a long election timeout. (Before handovers, a preferred
+/// member called an election itself; one that its voters refused, as they still heard from
+/// the leader, deposed the leader for an election timeout, which made `/readyz` flap on
+/// every member every few seconds.)
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn leadership_spreads_back_to_a_returning_node_without_leaderless_gaps() {
     let extra = ["--election-timeout", "2s", "--heartbeat", "500ms"];
@@ -911,9 +912,8 @@ async fn leadership_spreads_back_to_a_returning_node_without_leaderless_gaps() {
     blocking(|| cluster.wait_ready(Duration::from_secs(30)));
     // Each group starts led by the member it prefers (group g: member g mod 3), so the
     // rebalancer has work only after a failover: member 1 is paused until members 2 and 3
-    // lead its groups, then resumed. Its groups' new leaders are then younger than their
-    // lease (2 x election timeout), and an election called against such a leader is refused
-    // and deposes it (openraft 0.9 has no leadership transfer); the rebalancer must wait.
+    // lead its groups, then resumed. Its groups' new leaders hand them back to it
+    // (`hand_over` in src/raft/cluster.rs).
     let mine: Vec<usize> = (0..SHARDS).filter(|g| g % 3 == 0).collect();
     blocking(|| cluster.signal(0, SIGSTOP));
     let paused = Instant::now();
@@ -936,7 +936,7 @@ async fn leadership_spreads_back_to_a_returning_node_without_leaderless_gaps() {
     // 1's own doing as a returning follower: its election timers fire on resume, and
     // openraft 0.9 has no pre-vote, so such an election can depose a leader (seen once in
     // six runs on a loaded machine: 3.5 s). They are reported, not judged: the rebalancer
-    // acts on its 3 s tick, and its mutant's gaps began after that.
+    // acts on its 3 s tick, after a leadership has stood for both election timeouts.
     let resumed = Instant::now();
     let grace = Duration::from_secs(2);
     let mut since: BTreeMap<(usize, usize), Option<Instant>> = BTreeMap::new();
@@ -977,11 +977,98 @@ async fn leadership_spreads_back_to_a_returning_node_without_leaderless_gaps() {
         gap < Duration::from_millis(1000),
         "member {member} saw shard {shard} without a leader for {gap:?}"
     );
-    // The rebalancer waits until a leader is older than its lease, then takes one group per
-    // 3 s tick: member 1 leads some of its groups again within the 20 s.
+    // The rebalancer waits until a leadership has stood for both election timeouts, then
+    // hands over one group per 3 s tick: member 1 leads some of its groups again within
+    // the 20 s.
     assert!(
         mine.iter().any(|&g| spread[g] == Some(1)),
         "member 1 took none of its groups back in 20 s: {spread:?}"
+    );
+}
+
+/// With five voters as well: a member that returns gets its shards back. openraft 0.9 has no
+/// leadership transfer, and a member's own election cannot win against a leader within its
+/// lease without that leader's vote, which with five voters is not a majority; the shard's
+/// leader hands the leadership over instead (`hand_over` in src/raft/cluster.rs).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn leadership_returns_to_a_member_of_five_by_handover() {
+    let cluster = blocking(|| Cluster::start(5, &policies(), &[]));
+    // Group g starts led by the voter it prefers (member g mod 5 + 1): member 1 leads
+    // group 0. Paused, it loses it; resumed, it must get it back.
+    blocking(|| cluster.signal(0, SIGSTOP));
+    let paused = Instant::now();
+    loop {
+        let leaders = blocking(|| cluster.leaders(1));
+        if leaders.len() == SHARDS && matches!(leaders[0], Some(2..=5)) {
+            break;
+        }
+        assert!(
+            paused.elapsed() < Duration::from_secs(30),
+            "no failover from the paused member 1 in 30 s: {leaders:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    blocking(|| cluster.signal(0, SIGCONT));
+    let resumed = Instant::now();
+    loop {
+        let leaders = blocking(|| cluster.leaders(1));
+        if leaders.first() == Some(&Some(1)) {
+            break;
+        }
+        assert!(
+            resumed.elapsed() < Duration::from_secs(30),
+            "member 1 did not get shard 0 back in 30 s: {leaders:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    eprintln!(
+        "shard 0 back at member 1 {:?} after the resume",
+        resumed.elapsed()
+    );
+    let handed: u64 = (1..5)
+        .map(|i| metric(&cluster, i, "quorate_leader_handovers_total"))
+        .sum();
+    assert!(handed >= 1, "no member counted a handover");
+}
+
+/// A member stopped by SIGTERM (one step of a rolling restart) first hands the shards it
+/// leads to other members: with a 2 s election timeout, the others know a new leader for its
+/// shard as soon as it has exited, instead of electing one 2 s or more later, and decide.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_member_stopped_by_sigterm_hands_its_shards_over_first() {
+    let extra = ["--election-timeout", "2s", "--heartbeat", "500ms"];
+    let mut cluster = blocking(move || Cluster::start(3, &policies(), &extra));
+    // Each shard starts led by the member it prefers: member 1 leads shard 0.
+    let started = Instant::now();
+    while blocking(|| cluster.leaders(1)).first() != Some(&Some(1)) {
+        assert!(
+            started.elapsed() < Duration::from_secs(15),
+            "member 1 does not lead shard 0"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let clean = blocking(|| cluster.stop(0));
+    assert!(clean, "member 1 did not exit cleanly on SIGTERM");
+    let leaders = blocking(|| cluster.leaders(1));
+    assert!(
+        matches!(leaders.first(), Some(Some(2 | 3))),
+        "as member 1 exited, member 2 saw shard 0 led by {:?}: not handed over (an election \
+         would follow after the 2 s election timeout)",
+        leaders.first()
+    );
+    // The new leader decides at once: a strict check on a key of shard 0, through member 2.
+    let key = (0..)
+        .map(|i| format!("k{i}"))
+        .find(|k| shard("small", k) == 0)
+        .unwrap();
+    let c2 = client(cluster.members[1].resp);
+    let asked = Instant::now();
+    let answer = c2.check(&[("small", &key, 1)], None).await.unwrap();
+    assert!(answer.allowed, "{answer:?}");
+    assert!(
+        asked.elapsed() < Duration::from_secs(1),
+        "the check took {:?}",
+        asked.elapsed()
     );
 }
 
@@ -1103,8 +1190,20 @@ async fn a_node_added_at_runtime_serves_and_a_removed_node_leaves() {
         "{err}"
     );
 
-    // Node 1 leaves; the other three keep deciding, and the limit still holds.
+    // Node 1 leaves; the other three keep deciding, and the limit still holds. It hands
+    // the shards it leads to other members before its removal (a leader removed by its own
+    // change would leave its shards without a leader for an election timeout).
+    let led = blocking(|| cluster.leaders(0))
+        .iter()
+        .filter(|l| **l == Some(1))
+        .count() as u64;
     blocking(|| remove_and_wait(&cluster, 1, 1, 2, &[2, 3, 4]));
+    assert!(led > 0, "node 1 led no shard to hand over");
+    assert_eq!(
+        metric(&cluster, 0, "quorate_leader_handovers_total"),
+        led,
+        "node 1 did not hand over each shard it led"
+    );
     blocking(|| {
         cluster.stop(0);
         cluster.wait_ready(Duration::from_secs(30));

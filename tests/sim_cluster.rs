@@ -291,6 +291,27 @@ fn fallback_answers_keep_each_members_local_share() {
     );
 }
 
+/// Leaderships handed from node to node amid the other faults (`--handover-faults`: the
+/// nemesis asks a shard's leader to hand it to another node, as a rebalance or a removal
+/// does, to a node that may be down or cut off): every checker still holds, fast checks
+/// included (a leader answers none early once its handover began). `.ci/run` runs 20 more
+/// seeds with the option.
+#[test]
+fn handovers_amid_faults_keep_every_bound() {
+    let base = Options {
+        clients: 30,
+        failover_clients: true,
+        quick_restarts: true,
+        retry_clients: true,
+        multi_item_clients: true,
+        fallback_clients: true,
+        handover_faults: true,
+        ..sweep_options()
+    };
+    let s = sweep_seeds(&base, 1, 3);
+    assert!(s.handovers > 0, "no leadership was handed over");
+}
+
 /// Two fresh processes, the same seed (60 s with crashes, partitions and clock faults): the
 /// same bytes. (Within one process a second run is not yet identical after a crash fault:
 /// docs/verification.md, "Known gaps".)

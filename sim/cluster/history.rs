@@ -362,6 +362,10 @@ pub struct History {
     /// One line per event, in the order the (single-threaded) simulation produced them.
     pub trace: String,
     pub faults: u64,
+    /// Shard leaderships a node handed to another (`raft::hooks::Hooks::handover`), and
+    /// handovers that ended with the leadership where it was.
+    pub handovers: u64,
+    pub handovers_failed: u64,
     /// Per shard, how many times the nemesis crashed a node that led it (by its own
     /// account): each crash loses the fast answers of the entries it had not replicated,
     /// whether or not another node is elected before it restarts (a restarted node can lead

@@ -188,6 +188,23 @@ pub fn handles(
                         );
                     sink_log.lock().unwrap_or_else(|p| p.into_inner()).record(e)
                 })),
+                handover: Some({
+                    let sink_history = history.clone();
+                    Arc::new(move |node, group, to, moved| {
+                        let mut h = sink_history.lock().unwrap_or_else(|p| p.into_inner());
+                        let done = if moved {
+                            h.handovers += 1;
+                            "handed"
+                        } else {
+                            h.handovers_failed += 1;
+                            "did not hand"
+                        };
+                        h.event(
+                            super::workload::now(),
+                            format_args!("n{node} {done} shard {group} over to n{to}"),
+                        );
+                    })
+                }),
                 fallback: Some({
                     let sink_history = history.clone();
                     Arc::new(move |f| {

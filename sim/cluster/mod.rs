@@ -135,6 +135,11 @@ pub struct Options {
     /// decide in time, outside the log, and `check_local` bounds what `local` admits. Off
     /// by default, so that seeds replay as they did before the option existed.
     pub fallback_clients: bool,
+    /// About a quarter of the nemesis's picks ask a shard's leader to hand its leadership
+    /// to another node at once (`--handover-faults`), as a rebalance or a removal does,
+    /// amid the other faults. Off by default, so that seeds replay as they did before the
+    /// option existed.
+    pub handover_faults: bool,
     pub keys: usize,
     /// Each client waits a uniform time in this range (ms) between operations.
     pub think_ms: (u64, u64),
@@ -164,6 +169,7 @@ impl Default for Options {
             retry_clients: false,
             multi_item_clients: false,
             fallback_clients: false,
+            handover_faults: false,
             keys: 300,
             think_ms: (5, 40),
             nemesis: true,
@@ -222,6 +228,10 @@ pub struct Report {
     pub simulated: Duration,
     pub ops: OpCounts,
     pub faults: u64,
+    /// Shard leaderships handed from one node to another (rebalancing, or the nemesis's
+    /// `--handover-faults`), and handovers that failed.
+    pub handovers: u64,
+    pub handovers_failed: u64,
     /// Fast admissions told to clients that the log does not hold (within the bound unless
     /// reported as a violation).
     pub fast_excess: u64,
@@ -289,6 +299,9 @@ pub fn reproduce(opts: &Options) -> String {
     }
     if opts.fallback_clients {
         cmd += " --fallback-clients";
+    }
+    if opts.handover_faults {
+        cmd += " --handover-faults";
     }
     if opts.sharding != Sharding::Hash {
         cmd += &format!(" --sharding {}", opts.sharding.name());
@@ -396,6 +409,8 @@ fn run_checked(opts: &Options) -> Report {
                 simulated: Duration::ZERO,
                 ops: OpCounts::default(),
                 faults: 0,
+                handovers: 0,
+                handovers_failed: 0,
                 fast_excess: 0,
                 violations: vec![format!("cannot create the nodes' directory: {e}")],
                 history: History::default(),
@@ -437,7 +452,12 @@ fn run_checked(opts: &Options) -> Report {
             workload::client(c, opts.clone(), nodes.clone(), history.clone(), stop_ns),
         );
     }
-    let mut nemesis = Nemesis::new(opts.seed, opts.fault_every, opts.quick_restarts);
+    let mut nemesis = Nemesis::new(
+        opts.seed,
+        opts.fault_every,
+        opts.quick_restarts,
+        opts.handover_faults,
+    );
     let mut script = opts.clock_script.clone();
     script.sort_by_key(|s| s.at);
     let mut script = script.into_iter().peekable();
@@ -697,6 +717,8 @@ fn run_checked(opts: &Options) -> Report {
         simulated,
         ops,
         faults: history.faults,
+        handovers: history.handovers,
+        handovers_failed: history.handovers_failed,
         fast_excess,
         violations,
         history,

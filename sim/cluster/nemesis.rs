@@ -45,6 +45,8 @@ pub struct Nemesis {
     quick_restarts: bool,
     /// The crashed node a quick restart brings back, and when (simulated ns).
     restart_at: Option<(usize, u64)>,
+    /// `--handover-faults`: some picks ask a leader to hand its shard over.
+    handover_faults: bool,
 }
 
 /// How long a quickly restarted node stays down (ms): up to below the election timeout.
@@ -64,7 +66,12 @@ fn index_of(nodes: &[Arc<NodeHandle>], id: NodeId) -> Option<usize> {
 }
 
 impl Nemesis {
-    pub fn new(seed: u64, every: (Duration, Duration), quick_restarts: bool) -> Nemesis {
+    pub fn new(
+        seed: u64,
+        every: (Duration, Duration),
+        quick_restarts: bool,
+        handover_faults: bool,
+    ) -> Nemesis {
         Nemesis {
             rng: ChaCha8Rng::from_seed(super::derive(seed, "nemesis")),
             next_at: 3_000_000_000,
@@ -72,6 +79,7 @@ impl Nemesis {
             active: Vec::new(),
             quick_restarts,
             restart_at: None,
+            handover_faults,
         }
     }
 
@@ -120,6 +128,30 @@ impl Nemesis {
     ) {
         let n = nodes.len();
         let name = |i: usize| nodes[i].name.clone();
+        if self.handover_faults && self.rng.random_bool(0.25) {
+            // Ask a shard's leader to hand the shard to another node (which may be down or
+            // cut off: the handover then fails, and the leader stays).
+            let group = self.rng.random_range(0..shards.max(1));
+            let leader = leader_of(nodes, u64::from(group)).and_then(|id| index_of(nodes, id));
+            let Some(from) = leader else {
+                history.fault(now, format_args!("handover of shard {group}: no leader"));
+                return;
+            };
+            let to = (from + self.rng.random_range(1..n)) % n;
+            let asked = nodes[from]
+                .service()
+                .and_then(|s| s.cluster().map(|c| c.start_handover(group, nodes[to].id)))
+                .unwrap_or(false);
+            history.fault(
+                now,
+                format_args!(
+                    "hand shard {group} from {} to {} (asked: {asked})",
+                    name(from),
+                    name(to)
+                ),
+            );
+            return;
+        }
         // With quick restarts, about half the faults are crashes. The victim is any node; with
         // four shards' leaders spread over three nodes, it usually leads at least one.
         let pick = if self.quick_restarts && self.rng.random_bool(0.5) {

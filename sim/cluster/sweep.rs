@@ -24,6 +24,11 @@ pub struct SeedResult {
     pub simulated_ns: u64,
     pub ops: OpCounts,
     pub faults: u64,
+    /// Absent from an older binary's result: 0.
+    #[serde(default)]
+    pub handovers: u64,
+    #[serde(default)]
+    pub handovers_failed: u64,
     pub fast_excess: u64,
     pub violations: Vec<String>,
 }
@@ -35,6 +40,8 @@ impl SeedResult {
             simulated_ns: r.simulated.as_nanos() as u64,
             ops: r.ops,
             faults: r.faults,
+            handovers: r.handovers,
+            handovers_failed: r.handovers_failed,
             fast_excess: r.fast_excess,
             violations: r.violations.clone(),
         }
@@ -48,6 +55,8 @@ pub struct Sweep {
     pub simulated: Duration,
     pub ops: OpCounts,
     pub faults: u64,
+    pub handovers: u64,
+    pub handovers_failed: u64,
     pub fast_excess: u64,
     /// Failing seeds and their violations, by seed.
     pub failing: Vec<(u64, Vec<String>)>,
@@ -93,6 +102,9 @@ fn child(exe: &Path, opts: &Options, trace: Option<&Path>) -> Command {
     }
     if opts.fallback_clients {
         cmd.arg("--fallback-clients");
+    }
+    if opts.handover_faults {
+        cmd.arg("--handover-faults");
     }
     cmd.args(["--sharding", opts.sharding.name()]);
     if !opts.nemesis {
@@ -231,6 +243,8 @@ impl Sweep {
         self.seeds += 1;
         self.simulated += Duration::from_nanos(r.simulated_ns);
         self.faults += r.faults;
+        self.handovers += r.handovers;
+        self.handovers_failed += r.handovers_failed;
         self.fast_excess += r.fast_excess;
         let o = &mut self.ops;
         o.invoked += r.ops.invoked;
@@ -294,8 +308,9 @@ impl Sweep {
         }
         let _ = writeln!(
             t,
-            "faults: {}; fast admissions not in the log (within bound): {}",
-            self.faults, self.fast_excess
+            "faults: {}; leadership handovers: {} ({} more failed); fast admissions not in \
+             the log (within bound): {}",
+            self.faults, self.handovers, self.handovers_failed, self.fast_excess
         );
         let violations: usize = self.failing.iter().map(|f| f.1.len()).sum();
         let _ = writeln!(

@@ -50,7 +50,7 @@ use openraft::{BasicNode, Raft, ServerState};
 use serde::Serialize;
 use std::collections::BTreeMap;
 use std::path::PathBuf;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 use tokio::sync::{oneshot, Notify, Semaphore};
@@ -204,6 +204,16 @@ struct Group {
     spec_failed: Arc<std::sync::atomic::AtomicBool>,
     /// Monotonic time at which the last committed entry was proposed (0: none yet).
     lease_from: Arc<AtomicU64>,
+    /// A leadership handover asked of the proposer ([`Cluster::hand_over`]), and whether
+    /// one is (read by the proposer every round without the lock).
+    handover: Mutex<Option<HandoverAsk>>,
+    handover_asked: AtomicBool,
+}
+
+/// A handover the proposer is to carry out: to whom, and where the outcome goes.
+struct HandoverAsk {
+    to: NodeId,
+    reply: oneshot::Sender<Result<(), String>>,
 }
 
 /// Per-group numbers for `/v1/admin/status` and `quorate status`.
@@ -365,6 +375,8 @@ impl Cluster {
                 info_state,
                 spec_failed: Arc::default(),
                 lease_from: Arc::default(),
+                handover: Mutex::new(None),
+                handover_asked: AtomicBool::new(false),
             }));
         }
         let denials = DenialCache::new(config.denial_cache);
@@ -694,12 +706,147 @@ impl Cluster {
                         group.id
                     )));
                 }
+                // This node leads the group: hand the leadership to another voter first, and
+                // have the change sent again to it. A leader removed by its own change steps
+                // down once the change commits, and the group would have no leader for an
+                // election timeout. If the handover fails, the removal goes ahead here.
+                if *id == self.config.node_id {
+                    let others: Vec<NodeId> = voters.iter().copied().filter(|v| v != id).collect();
+                    let to = others[group.id as usize % others.len()];
+                    match self.hand_over(group, to).await {
+                        Ok(()) => {
+                            return Err(ForwardError::NotLeader { leader: Some(to) }.into());
+                        }
+                        Err(why) => {
+                            tracing::info!(shard = group.id, %why, "no handover before this leader's removal");
+                        }
+                    }
+                }
                 group
                     .raft
                     .change_membership(openraft::ChangeMembers::RemoveVoters(ids), false)
                     .await
                     .map_err(|e| fail(e.to_string()))?;
             }
+        }
+        Ok(())
+    }
+
+    /// Hands `group`'s leadership, which this node holds, to the voter `to` (openraft 0.9
+    /// has no leadership transfer; see [`hand_over`], which the group's proposer runs).
+    async fn hand_over(&self, group: &Group, to: NodeId) -> Result<(), String> {
+        let Some(outcome) = Cluster::ask_handover(group, to) else {
+            return Err("a handover of this shard is under way".into());
+        };
+        let limit = self.config.write_timeout + self.config.election_max * 4;
+        match tokio::time::timeout(limit, outcome).await {
+            Ok(Ok(result)) => result,
+            Ok(Err(_)) => Err("the proposer stopped".into()),
+            Err(_) => {
+                // Not taken up (the proposer is stuck): withdrawn. Taken up, it ends anyway.
+                lock(&group.handover).take();
+                Err(format!("no outcome within {limit:?}"))
+            }
+        }
+    }
+
+    /// Before this member stops (SIGTERM, a rolling restart): hands each shard it leads to
+    /// another voter (the one the shard prefers among the others, as a removal does), so no
+    /// shard waits an election timeout for a new leader. All at once, for at most
+    /// `election_max` in all (about what a failover would take): a member stopped with the
+    /// others at once does not wait on handovers to members that are stopping too.
+    pub async fn hand_over_all(&self) {
+        let me = self.config.node_id;
+        let handovers = self.groups.iter().filter_map(|g| {
+            if self.leader(g) != Some(me) {
+                return None;
+            }
+            let others: Vec<NodeId> = Cluster::voters(g)
+                .into_iter()
+                .filter(|v| *v != me)
+                .collect();
+            let to = *others.get(g.id as usize % others.len().max(1))?;
+            Some(async move {
+                let _ = self.hand_over(g, to).await;
+            })
+        });
+        let all = futures::future::join_all(handovers);
+        let _ = tokio::time::timeout(self.config.election_max, all).await;
+    }
+
+    /// Asks `group`'s proposer for a handover to `to`; `None` if one is asked already.
+    fn ask_handover(group: &Group, to: NodeId) -> Option<oneshot::Receiver<Result<(), String>>> {
+        let (reply, outcome) = oneshot::channel();
+        {
+            let mut asked = lock(&group.handover);
+            if asked.is_some() {
+                return None;
+            }
+            *asked = Some(HandoverAsk { to, reply });
+        }
+        group.handover_asked.store(true, Ordering::SeqCst);
+        group.proposer.wake.notify_one();
+        Some(outcome)
+    }
+
+    /// Asks shard `shard`'s proposer to hand its leadership to `to`, without waiting for the
+    /// outcome (the simulation's nemesis, outside the node's runtime). False if one is asked
+    /// already. A node that does not lead the shard answers the ask with a refusal.
+    pub fn start_handover(&self, shard: u32, to: NodeId) -> bool {
+        Cluster::ask_handover(self.group(shard), to).is_some()
+    }
+
+    /// Counts and reports a handover's outcome (the proposer calls it).
+    fn handed_over(&self, group: &Group, to: NodeId, result: &Result<(), String>) {
+        match result {
+            Ok(()) => {
+                self.metrics.handovers.inc();
+                tracing::info!(shard = group.id, to, "leadership handed over");
+            }
+            Err(why) => tracing::info!(shard = group.id, to, %why, "leadership not handed over"),
+        }
+        if let Some(sink) = &self.config.hooks.handover {
+            sink(self.config.node_id, group.id, to, result.is_ok());
+        }
+    }
+
+    /// A handover from `group`'s leader (`PeerRequest::Handover`): waive the lease of its
+    /// leadership `vote`, and with `elect` call an election.
+    async fn take_handover(
+        &self,
+        group: &Group,
+        vote: openraft::Vote<NodeId>,
+        elect: bool,
+    ) -> Result<(), String> {
+        let (mine, voter) = {
+            let m = group.raft.metrics();
+            let m = m.borrow();
+            let voter = m
+                .membership_config
+                .membership()
+                .voter_ids()
+                .any(|v| v == self.config.node_id);
+            (m.vote, voter)
+        };
+        if mine != vote {
+            return Err(format!("this node's vote is {mine}, not {vote}"));
+        }
+        if elect && !voter {
+            return Err("this node does not vote in the shard".into());
+        }
+        group
+            .raft
+            .trigger()
+            .waive_lease(vote)
+            .await
+            .map_err(|e| e.to_string())?;
+        if elect {
+            group
+                .raft
+                .trigger()
+                .elect()
+                .await
+                .map_err(|e| e.to_string())?;
         }
         Ok(())
     }
@@ -1037,6 +1184,14 @@ impl Cluster {
                 fast,
             } => PeerResponse::Forward(self.decide_forwarded(g, commands, fast).await),
             PeerRequest::RespAddr => PeerResponse::RespAddr(self.resp_addr.get().copied()),
+            PeerRequest::Handover {
+                group: g,
+                vote,
+                elect,
+            } => match group(g) {
+                Some(gr) => PeerResponse::Handover(self.take_handover(&gr, vote, elect).await),
+                None => PeerResponse::Refused(format!("no shard {g}")),
+            },
         };
         super::rpc::encode(&response)
     }
@@ -1194,6 +1349,9 @@ async fn propose_loop(cluster: Arc<Cluster>, group: Arc<Group>) {
     // Negative control only (see `hooks`): every caller answered early, lease or not.
     let unsafe_early = cluster.config.hooks.unsafe_answer_before_commit;
     let mut open: Option<Open> = None;
+    // A term in which this node began a handover of its leadership: it answers no fast check
+    // early for the rest of it (the voters waived its lease, see `hand_over`).
+    let mut no_early_term: u64 = 0;
     // Fast-only entries: proposed no sooner than `fast_linger` after the last entry, unless
     // they hold `fast_batch` commands (see the wait below). At most half the lease: a hold
     // that outlasted it would leave the next fast callers unanswerable early (the lease
@@ -1207,7 +1365,11 @@ async fn propose_loop(cluster: Arc<Cluster>, group: Arc<Group>) {
     // passed since the last entry was proposed at `last_proposed`).
     let hold_for = |open: &Option<Open>, last_proposed: Nanos| -> Option<Nanos> {
         let o = open.as_ref()?;
-        if fast_linger == 0 || !o.replies.all_answered() || o.batch.commands.len() >= fast_batch {
+        if fast_linger == 0
+            || !o.replies.all_answered()
+            || o.batch.commands.len() >= fast_batch
+            || group.handover_asked.load(Ordering::Relaxed)
+        {
             return None;
         }
         let until = last_proposed.saturating_add(fast_linger);
@@ -1232,14 +1394,21 @@ async fn propose_loop(cluster: Arc<Cluster>, group: Arc<Group>) {
         // carries, so under fast load fewer, larger entries cost less CPU per decision
         // (docs/benchmarks.md). Callers arriving meanwhile join it. A strict caller taken in
         // ends the wait. At light load the last entry is long past: no wait.
+        //
+        // A handover asked of the proposer takes no callers: the open entry, if any, is
+        // proposed, and then the handover runs (below).
         let permit = loop {
+            let handing_over = group.handover_asked.load(Ordering::Relaxed);
+            if handing_over && open.is_none() {
+                break None;
+            }
             let hold = hold_for(&open, last_proposed);
             let permit = if hold.is_none() {
                 group.proposer.inflight.clone().try_acquire_owned().ok()
             } else {
                 None
             };
-            let waiting = !lane.is_empty();
+            let waiting = !lane.is_empty() && !handing_over;
             if permit.is_some() && (waiting || open.is_some()) {
                 break permit;
             }
@@ -1270,6 +1439,22 @@ async fn propose_loop(cluster: Arc<Cluster>, group: Arc<Group>) {
                 return stop(lane, open, "raft stopped");
             }
         };
+        if open.is_none() && group.handover_asked.load(Ordering::SeqCst) {
+            drop(permit);
+            // The flag first: an ask made after the take sets it again.
+            group.handover_asked.store(false, Ordering::SeqCst);
+            let asked = lock(&group.handover).take();
+            if let Some(HandoverAsk { to, reply }) = asked {
+                no_early_term = group.raft.metrics().borrow().current_term;
+                spec = None;
+                let result = hand_over(&cluster, &group, to).await;
+                cluster.handed_over(&group, to, &result);
+                let _ = reply.send(result);
+            }
+            last_entry = (0, 0);
+            callers_before = 0;
+            continue;
+        }
         // Under load (the last round's entry held several callers), a strict-only lane with
         // the pipeline empty lingers: callers the last commit answered come back within a
         // round trip, and without the wait they miss this entry for the next one. It waits
@@ -1303,7 +1488,7 @@ async fn propose_loop(cluster: Arc<Cluster>, group: Arc<Group>) {
             }
         }
         let room = Open::room(&open, batch_max);
-        let pending = if room > 0 {
+        let pending = if room > 0 && !group.handover_asked.load(Ordering::Relaxed) {
             lane.take(room)
         } else {
             Vec::new()
@@ -1396,8 +1581,10 @@ async fn propose_loop(cluster: Arc<Cluster>, group: Arc<Group>) {
             // for a rebuilt copy, which can be longer than the lease).
             let taken_at = cluster.clock.monotonic();
             let lease_from = group.lease_from.load(Ordering::SeqCst);
-            let lease =
-                unsafe_early || (lease_from > 0 && taken_at.saturating_sub(lease_from) < lease_ns);
+            let lease = unsafe_early
+                || (lease_from > 0
+                    && taken_at.saturating_sub(lease_from) < lease_ns
+                    && no_early_term != term);
             // Fast callers are answered now, from the speculative state, while the lease
             // holds (a leader cut off from its majority stops answering early within a
             // lease): whether the entry is proposed now or stays open until the pipeline
@@ -1485,6 +1672,127 @@ async fn propose_loop(cluster: Arc<Cluster>, group: Arc<Group>) {
             spec = None;
         }
     }
+}
+
+/// Hands `group`'s leadership to the voter `to`; run by the group's proposer, which takes no
+/// callers meanwhile (they wait in its lane, and once the leadership has moved are sent to
+/// the new leader). openraft 0.9 has no leadership transfer, and a voter that heard from the
+/// leader within its lease refuses to vote, so:
+/// 1. every entry in flight completes (the proposer holds the whole pipeline);
+/// 2. `to` acknowledges this node's whole log, so it wins the vote of any voter;
+/// 3. this node and the other voters waive the lease of this leadership (openraft patch,
+///    `Trigger::waive_lease`: for one lease, and only while their vote is this one); it
+///    takes `to` and enough of them for a majority;
+/// 4. `to` calls an election, which every voter that waived grants (this node too, which
+///    steps down);
+/// 5. the leadership moves within two election timeouts, or the handover failed.
+///
+/// From the first step, the caller stops answering fast checks early for the rest of its
+/// term: its fast lease assumes that no voter votes within it, which the waiver undoes.
+/// A failed handover leaves this node the leader, answering fast checks only on commit.
+async fn hand_over(cluster: &Cluster, group: &Group, to: NodeId) -> Result<(), String> {
+    let me = cluster.config.node_id;
+    let pipeline = u32::try_from(cluster.config.pipeline.max(1)).unwrap_or(u32::MAX);
+    let _pipeline = tokio::time::timeout(
+        cluster.config.write_timeout,
+        group.proposer.inflight.clone().acquire_many_owned(pipeline),
+    )
+    .await
+    .map_err(|_| "the entries in flight did not complete in time".to_string())?
+    .map_err(|_| "the proposer stopped".to_string())?;
+    let (vote, voters, last) = {
+        let m = group.raft.metrics();
+        let m = m.borrow();
+        if m.state != ServerState::Leader {
+            return Err("this node does not lead the shard".into());
+        }
+        let voters: Vec<NodeId> = m.membership_config.membership().voter_ids().collect();
+        (m.vote, voters, m.last_log_index)
+    };
+    if to == me || !voters.contains(&to) {
+        return Err(format!("node {to} is not another voter of the shard"));
+    }
+    let holds_log = |m: &openraft::RaftMetrics<NodeId, BasicNode>| {
+        m.vote != vote
+            || m.replication
+                .as_ref()
+                .and_then(|r| r.get(&to).copied().flatten())
+                .is_some_and(|l| Some(l.index) >= last)
+    };
+    let held = group
+        .raft
+        .wait(Some(cluster.config.election_min))
+        .metrics(holds_log, "the new leader to hold the log")
+        .await
+        .map_err(|e| format!("node {to} does not hold the whole log: {e}"))?;
+    if held.vote != vote {
+        return Err("the leadership changed meanwhile".into());
+    }
+    group
+        .raft
+        .trigger()
+        .waive_lease(vote)
+        .await
+        .map_err(|e| e.to_string())?;
+    let waive = |id: NodeId| {
+        let request = PeerRequest::Handover {
+            group: group.id,
+            vote,
+            elect: false,
+        };
+        async move {
+            let r = ask(
+                &*cluster.transport,
+                id,
+                &request,
+                cluster.config.forward_timeout,
+            )
+            .await;
+            matches!(r, Ok(PeerResponse::Handover(Ok(()))))
+        }
+    };
+    let others = voters.iter().copied().filter(|v| *v != me && *v != to);
+    let waived = futures::future::join_all(others.map(waive))
+        .await
+        .into_iter()
+        .filter(|ok| *ok)
+        .count();
+    // This node and `to` vote for `to`, and so does every voter that waived.
+    if 2 + waived <= voters.len() / 2 {
+        return Err(format!(
+            "{waived} of the other {} voters waived the lease: not a majority",
+            voters.len() - 2
+        ));
+    }
+    let request = PeerRequest::Handover {
+        group: group.id,
+        vote,
+        elect: true,
+    };
+    match ask(
+        &*cluster.transport,
+        to,
+        &request,
+        cluster.config.forward_timeout,
+    )
+    .await
+    {
+        Ok(PeerResponse::Handover(Ok(()))) => {}
+        Ok(PeerResponse::Handover(Err(why))) => return Err(format!("node {to}: {why}")),
+        Ok(other) => return Err(format!("node {to}: unexpected answer {other:?}")),
+        Err(e) => return Err(e.to_string()),
+    }
+    let term = vote.leader_id().term;
+    group
+        .raft
+        .wait(Some(cluster.config.election_max * 2))
+        .metrics(
+            |m| m.current_term > term && m.current_leader.is_some_and(|l| l != me),
+            "a new leader",
+        )
+        .await
+        .map(|_| ())
+        .map_err(|e| format!("node {to} called an election, but: {e}"))
 }
 
 /// Whether this node has applied every entry in its log. A leader's own entries in flight are
@@ -1651,10 +1959,11 @@ fn check_change(
     Ok(())
 }
 
-/// Spreads leadership: every few seconds, a node that does not lead a group it prefers
-/// (group g prefers the member at position g mod members), while that group has a leader
-/// and this node's log has caught up, calls an election for it. With every node doing this
-/// the leaders settle one per preferred node, also after a node returns.
+/// Spreads leadership: every few seconds, a node that leads a group another voter is
+/// preferred for (group g prefers the voter at position g mod voters) hands the group's
+/// leadership to it (`hand_over`) once that voter holds the log and the group's leadership
+/// has been settled for a while. With every node doing this the leaders settle one per
+/// preferred node, also after a node returns, with any number of voters.
 async fn rebalance_loop(cluster: std::sync::Weak<Cluster>) {
     let mut tick = tokio::time::interval(Duration::from_secs(3));
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
@@ -1666,28 +1975,20 @@ async fn rebalance_loop(cluster: std::sync::Weak<Cluster>) {
         let Some(c) = cluster.upgrade() else { return };
         let me = c.config.node_id;
         let now = c.clock.monotonic();
-        // openraft 0.9 has no leadership transfer: this node can only call an election, and
-        // a voter that heard from a leader within its lease (election_max) refuses to vote.
-        // The leader itself stops refusing once its own vote is older than that lease, so
-        // the election can succeed only with the leader's vote: when this node and the
-        // leader are a majority (at most 3 voters) and the leader has led longer than the
-        // lease. A refused election costs the group its leader for an election timeout
-        // (the leader sees the higher term), so neither condition is optional: with a long
-        // `--election-timeout` leadership otherwise flapped every tick (seen: a group without
-        // a leader for 3 s of every 5).
+        // A leadership newer than both election timeouts is left alone: a returning node
+        // that calls elections of its own (openraft 0.9 has no pre-vote) settles first.
         let settled_ns = (c.config.election_max + c.config.election_min).as_nanos() as u64;
         for g in &c.groups {
             let ids = Cluster::voters(g);
-            let (leader, term, state, caught_up) = {
+            let (leader, term, preferred_holds_log) = {
                 let m = g.raft.metrics();
                 let m = m.borrow();
-                let applied = m.last_applied.map_or(0, |l| l.index);
-                (
-                    m.current_leader,
-                    m.current_term,
-                    m.state,
-                    m.last_log_index.unwrap_or(0) <= applied + 8,
-                )
+                let last = m.last_log_index.unwrap_or(0);
+                let preferred = (!ids.is_empty()).then(|| ids[g.id as usize % ids.len()]);
+                let holds = preferred
+                    .and_then(|p| m.replication.as_ref()?.get(&p).copied().flatten())
+                    .is_some_and(|l| l.index + 8 >= last);
+                (m.current_leader, m.current_term, holds)
             };
             let since = match seen.get(&g.id) {
                 Some(&(l, t, since)) if l == leader && t == term => since,
@@ -1696,18 +1997,18 @@ async fn rebalance_loop(cluster: std::sync::Weak<Cluster>) {
                     now
                 }
             };
-            if ids.is_empty() || ids.len() > 3 || ids[g.id as usize % ids.len()] != me {
+            if ids.is_empty() || leader != Some(me) || ids[g.id as usize % ids.len()] == me {
                 continue;
             }
-            if state == ServerState::Follower
-                && leader.is_some()
-                && leader != Some(me)
-                && caught_up
-                && now.saturating_sub(since) > settled_ns
-            {
-                tracing::info!(shard = g.id, from = ?leader, "taking the shard's leadership back (rebalance)");
-                let _ = g.raft.trigger().elect().await;
-                // One group per tick: an election pauses the group's commits.
+            if preferred_holds_log && now.saturating_sub(since) > settled_ns {
+                let to = ids[g.id as usize % ids.len()];
+                tracing::info!(
+                    shard = g.id,
+                    to,
+                    "handing the shard's leadership to its preferred member (rebalance)"
+                );
+                let _ = c.hand_over(g, to).await;
+                // One group per tick: a handover pauses the group's commits.
                 break;
             }
         }

@@ -7,6 +7,8 @@
 //!   can resolve unknown client outcomes and compare replicas' applied logs.
 //! - `fallback` sees every check a node answers by its `on_unavailable` rule, so they can
 //!   tell those answers from the log's and bound what `local` admits.
+//! - `handover` sees every handover of a leadership a node tried, so a run can say how many
+//!   it saw.
 //! - `io_on_runtime` runs the WAL writer as a task on the host's runtime (a thread's
 //!   timing is outside simulated time; see `WalOptions::writer_on_runtime`).
 //! - the `unsafe_*` switches break one safety mechanism each, so the simulation's checkers
@@ -56,10 +58,15 @@ pub struct FallbackAnswer<'a> {
 /// Called for every `on_unavailable` answer, on the answering task: quick, never blocking.
 pub type FallbackSink = Arc<dyn Fn(&FallbackAnswer<'_>) + Send + Sync>;
 
+/// Called when a node's handover of a shard's leadership has ended: (node, shard, to,
+/// whether the leadership moved). Quick, never blocking.
+pub type HandoverSink = Arc<dyn Fn(NodeId, GroupId, NodeId, bool) + Send + Sync>;
+
 #[derive(Clone, Default)]
 pub struct Hooks {
     pub applied: Option<AppliedSink>,
     pub fallback: Option<FallbackSink>,
+    pub handover: Option<HandoverSink>,
     pub io_on_runtime: bool,
     /// UNSAFE negative control: apply decides at this node's clock reading instead of the
     /// batch's shard time (replicas diverge; windows are no longer the log's).
@@ -74,6 +81,7 @@ impl std::fmt::Debug for Hooks {
         f.debug_struct("Hooks")
             .field("applied", &self.applied.is_some())
             .field("fallback", &self.fallback.is_some())
+            .field("handover", &self.handover.is_some())
             .field("io_on_runtime", &self.io_on_runtime)
             .field(
                 "unsafe_apply_local_clock",

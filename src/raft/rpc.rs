@@ -48,6 +48,14 @@ pub enum PeerRequest {
     /// The RESP address the peer serves clients on (`CLUSTER NODES`). Last, so that the
     /// variants before it keep their encoding; an older member refuses it as undecodable.
     RespAddr,
+    /// From `group`'s leader, handing its leadership (`vote`) over: waive the lease of that
+    /// leadership for a while, and with `elect`, call an election (the receiver is the node
+    /// taking over). See `cluster::hand_over`. After the variants above, for the same reason.
+    Handover {
+        group: GroupId,
+        vote: openraft::Vote<NodeId>,
+        elect: bool,
+    },
 }
 
 /// A change of a group's voters, carried out by the group's leader.
@@ -98,6 +106,9 @@ pub enum PeerResponse {
     Refused(String),
     /// The RESP address this node serves clients on (`None` before its server is bound).
     RespAddr(Option<std::net::SocketAddr>),
+    /// `Err` when the receiver does not follow that leadership (or is not a voter, for
+    /// `elect`).
+    Handover(Result<(), String>),
 }
 
 /// Largest message body decoded (a snapshot chunk or a log batch).

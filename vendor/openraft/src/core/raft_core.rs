@@ -1242,6 +1242,12 @@ where
                     ExternalCommand::PurgeLog { upto } => {
                         self.engine.trigger_purge_log(upto);
                     }
+                    ExternalCommand::WaiveLease { vote } => {
+                        if self.engine.state.vote_ref() == &vote && vote.is_committed() {
+                            let until = C::now() + self.engine.config.timer_config.leader_lease;
+                            self.engine.lease_waived = Some((vote, until));
+                        }
+                    }
                 }
             }
         };

@@ -92,6 +92,10 @@ where C: RaftTypeConfig
 
     /// Output entry for the runtime.
     pub(crate) output: EngineOutput<C>,
+
+    /// (quorate) A leadership whose lease does not stop this node from voting, and until when
+    /// (`Trigger::waive_lease`).
+    pub(crate) lease_waived: Option<(Vote<C::NodeId>, <C::AsyncRuntime as AsyncRuntime>::Instant)>,
 }
 
 impl<C> Engine<C>
@@ -108,6 +112,7 @@ where C: RaftTypeConfig
             leader: None,
             candidate: None,
             output: EngineOutput::new(4096),
+            lease_waived: None,
         }
     }
 
@@ -302,7 +307,10 @@ where C: RaftTypeConfig
             vote_utime + lease - now
         );
 
-        if vote.is_committed() {
+        // (quorate) The leader of `vote` is handing its leadership over: no lease to wait for.
+        let waived = self.lease_waived.as_ref().is_some_and(|(v, until)| v == vote && now <= *until);
+
+        if vote.is_committed() && !waived {
             // Current leader lease has not yet expired, reject voting request
             if now <= vote_utime + lease {
                 tracing::info!(

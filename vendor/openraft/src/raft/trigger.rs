@@ -4,6 +4,7 @@ use crate::core::raft_msg::external_command::ExternalCommand;
 use crate::error::Fatal;
 use crate::raft::RaftInner;
 use crate::RaftTypeConfig;
+use crate::Vote;
 
 /// Trigger is an interface to trigger an action to RaftCore by external caller.
 ///
@@ -78,5 +79,18 @@ where C: RaftTypeConfig
     /// [`max_in_snapshot_log_to_keep`]: `crate::Config::max_in_snapshot_log_to_keep`
     pub async fn purge_log(&self, upto: u64) -> Result<(), Fatal<C::NodeId>> {
         self.raft_inner.send_external_command(ExternalCommand::PurgeLog { upto }, "purge_log").await
+    }
+
+    /// (quorate) Leadership handover: while this node's vote is still `vote` (a committed
+    /// vote: the leadership being handed over), it grants a vote request without waiting for
+    /// that leader's lease to expire, for one leader lease (`election_timeout_max`) from now.
+    /// The request's log must still be at least as up to date as this node's. A node whose
+    /// vote is not `vote` ignores this.
+    ///
+    /// openraft 0.9 has no leadership transfer; with this, the leader's application stops
+    /// proposing, waits for the target to hold its whole log, has the voters waive the lease,
+    /// and asks the target to call an election ([`Trigger::elect`]).
+    pub async fn waive_lease(&self, vote: Vote<C::NodeId>) -> Result<(), Fatal<C::NodeId>> {
+        self.raft_inner.send_external_command(ExternalCommand::WaiveLease { vote }, "waive_lease").await
     }
 }
