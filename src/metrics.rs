@@ -42,9 +42,9 @@ pub struct Metrics {
     /// sent to another node's leader, each attempt; a client that sends each key to its
     /// shard's leader keeps it low.
     pub forwarded: IntCounter,
-    /// Shard leaderships this member handed to another member (a rebalance, or before its
-    /// own removal).
-    pub handovers: IntCounter,
+    /// Handovers of a shard's leadership from this member to another (a rebalance, before
+    /// its own removal, on SIGTERM), by result (`done`, `failed`).
+    pub handovers: IntCounterVec,
     /// Cluster members only (refreshed every second):
     /// WAL submissions made durable, and the fsyncs that covered them.
     pub wal_appends: IntGauge,
@@ -158,9 +158,10 @@ impl Metrics {
                 "quorate_forwarded_checks_total",
                 "Commands (checks, refunds, evictions) sent to another node's leader, each attempt",
             ),
-            handovers: counter(
+            handovers: counter_vec(
                 "quorate_leader_handovers_total",
-                "Shard leaderships this member handed to another member (rebalance, or before its own removal)",
+                "Handovers of a shard's leadership from this member to another (rebalance, before its removal, on SIGTERM), by result (done, failed)",
+                &["result"],
             ),
             wal_appends: gauge(
                 "quorate_wal_appends",

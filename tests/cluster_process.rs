@@ -900,6 +900,25 @@ async fn a_cached_denial_ends_before_the_leader_would_admit_again() {
     assert!(metric(&cluster, i, "quorate_denials_cached_total") > 0);
 }
 
+/// Pauses member 1 (SIGSTOP) until member 2 sees another member lead each of `groups`, then
+/// resumes it.
+async fn pause_member_1_until_others_lead(cluster: &Cluster, groups: &[usize]) {
+    blocking(|| cluster.signal(0, SIGSTOP));
+    let paused = Instant::now();
+    loop {
+        let leaders = blocking(|| cluster.leaders(1));
+        if leaders.len() == SHARDS && groups.iter().all(|&g| matches!(leaders[g], Some(2..))) {
+            break;
+        }
+        assert!(
+            paused.elapsed() < Duration::from_secs(30),
+            "no failover from the paused member 1 in 30 s: {leaders:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    blocking(|| cluster.signal(0, SIGCONT));
+}
+
 /// Leadership spreads back to the members (each takes the shards it prefers) without leaving
 /// a shard leaderless, also with a long election timeout. (Before handovers, a preferred
 /// member called an election itself; one that its voters refused, as they still heard from
@@ -915,20 +934,7 @@ async fn leadership_spreads_back_to_a_returning_node_without_leaderless_gaps() {
     // lead its groups, then resumed. Its groups' new leaders hand them back to it
     // (`hand_over` in src/raft/cluster.rs).
     let mine: Vec<usize> = (0..SHARDS).filter(|g| g % 3 == 0).collect();
-    blocking(|| cluster.signal(0, SIGSTOP));
-    let paused = Instant::now();
-    loop {
-        let leaders = blocking(|| cluster.leaders(1));
-        if leaders.len() == SHARDS && mine.iter().all(|&g| matches!(leaders[g], Some(2 | 3))) {
-            break;
-        }
-        assert!(
-            paused.elapsed() < Duration::from_secs(30),
-            "no failover from the paused member 1 in 30 s: {leaders:?}"
-        );
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
-    blocking(|| cluster.signal(0, SIGCONT));
+    pause_member_1_until_others_lead(&cluster, &mine).await;
     // A handover leaves a shard without a known leader for a moment (the old leader has
     // voted, the new one has not yet been heard from); a refused election, for an election
     // timeout (2 s here). Sampled every 200 ms for 20 s: the longest gap any member saw
@@ -995,20 +1001,7 @@ async fn leadership_returns_to_a_member_of_five_by_handover() {
     let cluster = blocking(|| Cluster::start(5, &policies(), &[]));
     // Group g starts led by the voter it prefers (member g mod 5 + 1): member 1 leads
     // group 0. Paused, it loses it; resumed, it must get it back.
-    blocking(|| cluster.signal(0, SIGSTOP));
-    let paused = Instant::now();
-    loop {
-        let leaders = blocking(|| cluster.leaders(1));
-        if leaders.len() == SHARDS && matches!(leaders[0], Some(2..=5)) {
-            break;
-        }
-        assert!(
-            paused.elapsed() < Duration::from_secs(30),
-            "no failover from the paused member 1 in 30 s: {leaders:?}"
-        );
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
-    blocking(|| cluster.signal(0, SIGCONT));
+    pause_member_1_until_others_lead(&cluster, &[0]).await;
     let resumed = Instant::now();
     loop {
         let leaders = blocking(|| cluster.leaders(1));
@@ -1026,7 +1019,13 @@ async fn leadership_returns_to_a_member_of_five_by_handover() {
         resumed.elapsed()
     );
     let handed: u64 = (1..5)
-        .map(|i| metric(&cluster, i, "quorate_leader_handovers_total"))
+        .map(|i| {
+            metric(
+                &cluster,
+                i,
+                "quorate_leader_handovers_total{result=\"done\"}",
+            )
+        })
         .sum();
     assert!(handed >= 1, "no member counted a handover");
 }
@@ -1200,7 +1199,11 @@ async fn a_node_added_at_runtime_serves_and_a_removed_node_leaves() {
     blocking(|| remove_and_wait(&cluster, 1, 1, 2, &[2, 3, 4]));
     assert!(led > 0, "node 1 led no shard to hand over");
     assert_eq!(
-        metric(&cluster, 0, "quorate_leader_handovers_total"),
+        metric(
+            &cluster,
+            0,
+            "quorate_leader_handovers_total{result=\"done\"}"
+        ),
         led,
         "node 1 did not hand over each shard it led"
     );

@@ -32,6 +32,19 @@ fn sweep_options() -> Options {
     }
 }
 
+/// 30 clients with every client option, and quick restarts.
+fn every_client_option() -> Options {
+    Options {
+        clients: 30,
+        failover_clients: true,
+        quick_restarts: true,
+        retry_clients: true,
+        multi_item_clients: true,
+        fallback_clients: true,
+        ..sweep_options()
+    }
+}
+
 fn assert_clean(r: &Report, opts: &Options) {
     assert!(
         r.violations.is_empty(),
@@ -273,16 +286,7 @@ fn checks_of_two_items_keep_every_bound_through_their_refunds() {
 /// limit, not its share, and sees this fail. `.ci/run` runs 20 more seeds with the option.
 #[test]
 fn fallback_answers_keep_each_members_local_share() {
-    let base = Options {
-        clients: 30,
-        failover_clients: true,
-        quick_restarts: true,
-        retry_clients: true,
-        multi_item_clients: true,
-        fallback_clients: true,
-        ..sweep_options()
-    };
-    let s = sweep_seeds(&base, 1, 3);
+    let s = sweep_seeds(&every_client_option(), 1, 3);
     assert!(
         s.ops.local_admitted > 0 && s.ops.allow_admitted > 0,
         "admitted by a node itself: {} local, {} allow",
@@ -299,14 +303,8 @@ fn fallback_answers_keep_each_members_local_share() {
 #[test]
 fn handovers_amid_faults_keep_every_bound() {
     let base = Options {
-        clients: 30,
-        failover_clients: true,
-        quick_restarts: true,
-        retry_clients: true,
-        multi_item_clients: true,
-        fallback_clients: true,
         handover_faults: true,
-        ..sweep_options()
+        ..every_client_option()
     };
     let s = sweep_seeds(&base, 1, 3);
     assert!(s.handovers > 0, "no leadership was handed over");

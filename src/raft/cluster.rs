@@ -208,10 +208,13 @@ struct Group {
     /// one is (read by the proposer every round without the lock).
     handover: Mutex<Option<HandoverAsk>>,
     handover_asked: AtomicBool,
+    /// Numbers the asks, so that an asker withdraws only its own.
+    handover_seq: AtomicU64,
 }
 
 /// A handover the proposer is to carry out: to whom, and where the outcome goes.
 struct HandoverAsk {
+    seq: u64,
     to: NodeId,
     reply: oneshot::Sender<Result<(), String>>,
 }
@@ -377,6 +380,7 @@ impl Cluster {
                 lease_from: Arc::default(),
                 handover: Mutex::new(None),
                 handover_asked: AtomicBool::new(false),
+                handover_seq: AtomicU64::new(0),
             }));
         }
         let denials = DenialCache::new(config.denial_cache);
@@ -711,6 +715,10 @@ impl Cluster {
                 // down once the change commits, and the group would have no leader for an
                 // election timeout. If the handover fails, the removal goes ahead here.
                 if *id == self.config.node_id {
+                    if lock(&group.handover).is_some() {
+                        // A rebalance's handover: the change is sent again after it.
+                        return Err(fail("a handover of this shard is under way".into()));
+                    }
                     let others: Vec<NodeId> = voters.iter().copied().filter(|v| v != id).collect();
                     let to = others[group.id as usize % others.len()];
                     match self.hand_over(group, to).await {
@@ -734,17 +742,39 @@ impl Cluster {
 
     /// Hands `group`'s leadership, which this node holds, to the voter `to` (openraft 0.9
     /// has no leadership transfer; see [`hand_over`], which the group's proposer runs).
+    /// First asks `to` for its RESP address, a round trip that changes nothing: the
+    /// leader's replication figures, which the rebalancer reads, go stale for a member that
+    /// is down or cut off, and a handover to it would hold up the group's callers for
+    /// nothing.
     async fn hand_over(&self, group: &Group, to: NodeId) -> Result<(), String> {
-        let Some(outcome) = Cluster::ask_handover(group, to) else {
+        let probe = ask(
+            &*self.transport,
+            to,
+            &PeerRequest::RespAddr,
+            self.config.election_min / 2,
+        )
+        .await;
+        if let Err(e) = probe {
+            let why = format!("node {to} does not answer: {e}");
+            self.handed_over(group, to, &Err(why.clone()));
+            return Err(why);
+        }
+        let Some((seq, outcome)) = Cluster::ask_handover(group, to) else {
             return Err("a handover of this shard is under way".into());
         };
-        let limit = self.config.write_timeout + self.config.election_max * 4;
+        // Above the proposer's longest handover (see `hand_over`'s waits).
+        let limit =
+            self.config.write_timeout + self.config.election_min * 3 + self.config.election_max * 4;
         match tokio::time::timeout(limit, outcome).await {
             Ok(Ok(result)) => result,
             Ok(Err(_)) => Err("the proposer stopped".into()),
             Err(_) => {
-                // Not taken up (the proposer is stuck): withdrawn. Taken up, it ends anyway.
-                lock(&group.handover).take();
+                // Not taken up (the proposer is stuck): withdrawn, if it is still this one.
+                // Taken up, it ends anyway.
+                let mut asked = lock(&group.handover);
+                if asked.as_ref().is_some_and(|a| a.seq == seq) {
+                    asked.take();
+                }
                 Err(format!("no outcome within {limit:?}"))
             }
         }
@@ -774,19 +804,24 @@ impl Cluster {
         let _ = tokio::time::timeout(self.config.election_max, all).await;
     }
 
-    /// Asks `group`'s proposer for a handover to `to`; `None` if one is asked already.
-    fn ask_handover(group: &Group, to: NodeId) -> Option<oneshot::Receiver<Result<(), String>>> {
+    /// Asks `group`'s proposer for a handover to `to`: the ask's number and where its
+    /// outcome comes; `None` if one is asked already.
+    fn ask_handover(
+        group: &Group,
+        to: NodeId,
+    ) -> Option<(u64, oneshot::Receiver<Result<(), String>>)> {
         let (reply, outcome) = oneshot::channel();
+        let seq = group.handover_seq.fetch_add(1, Ordering::Relaxed);
         {
             let mut asked = lock(&group.handover);
             if asked.is_some() {
                 return None;
             }
-            *asked = Some(HandoverAsk { to, reply });
+            *asked = Some(HandoverAsk { seq, to, reply });
         }
         group.handover_asked.store(true, Ordering::SeqCst);
         group.proposer.wake.notify_one();
-        Some(outcome)
+        Some((seq, outcome))
     }
 
     /// Asks shard `shard`'s proposer to hand its leadership to `to`, without waiting for the
@@ -800,10 +835,13 @@ impl Cluster {
     fn handed_over(&self, group: &Group, to: NodeId, result: &Result<(), String>) {
         match result {
             Ok(()) => {
-                self.metrics.handovers.inc();
+                self.metrics.handovers.with_label_values(&["done"]).inc();
                 tracing::info!(shard = group.id, to, "leadership handed over");
             }
-            Err(why) => tracing::info!(shard = group.id, to, %why, "leadership not handed over"),
+            Err(why) => {
+                self.metrics.handovers.with_label_values(&["failed"]).inc();
+                tracing::info!(shard = group.id, to, %why, "leadership not handed over");
+            }
         }
         if let Some(sink) = &self.config.hooks.handover {
             sink(self.config.node_id, group.id, to, result.is_ok());
@@ -1350,8 +1388,16 @@ async fn propose_loop(cluster: Arc<Cluster>, group: Arc<Group>) {
     let unsafe_early = cluster.config.hooks.unsafe_answer_before_commit;
     let mut open: Option<Open> = None;
     // A term in which this node began a handover of its leadership: it answers no fast check
-    // early for the rest of it (the voters waived its lease, see `hand_over`).
-    let mut no_early_term: u64 = 0;
+    // early for the rest of it (the voters waived its lease, see `hand_over`). At the start,
+    // the term this node restarts into (its saved vote's, as the Raft core has it once
+    // started; the metrics may not have it yet): if it led that term before the restart, a
+    // waiver of that leadership may still stand (a restart does not undo the voters'
+    // waivers), so it answers no fast check early if it leads that term again.
+    let mut no_early_term: u64 = group
+        .raft
+        .with_raft_state(|s| s.vote_ref().leader_id().term)
+        .await
+        .unwrap_or(0);
     // Fast-only entries: proposed no sooner than `fast_linger` after the last entry, unless
     // they hold `fast_batch` commands (see the wait below). At most half the lease: a hold
     // that outlasted it would leave the next fast callers unanswerable early (the lease
@@ -1444,10 +1490,9 @@ async fn propose_loop(cluster: Arc<Cluster>, group: Arc<Group>) {
             // The flag first: an ask made after the take sets it again.
             group.handover_asked.store(false, Ordering::SeqCst);
             let asked = lock(&group.handover).take();
-            if let Some(HandoverAsk { to, reply }) = asked {
-                no_early_term = group.raft.metrics().borrow().current_term;
+            if let Some(HandoverAsk { to, reply, .. }) = asked {
                 spec = None;
-                let result = hand_over(&cluster, &group, to).await;
+                let result = hand_over(&cluster, &group, to, &mut no_early_term).await;
                 cluster.handed_over(&group, to, &result);
                 let _ = reply.send(result);
             }
@@ -1687,10 +1732,20 @@ async fn propose_loop(cluster: Arc<Cluster>, group: Arc<Group>) {
 ///    steps down);
 /// 5. the leadership moves within two election timeouts, or the handover failed.
 ///
-/// From the first step, the caller stops answering fast checks early for the rest of its
-/// term: its fast lease assumes that no voter votes within it, which the waiver undoes.
-/// A failed handover leaves this node the leader, answering fast checks only on commit.
-async fn hand_over(cluster: &Cluster, group: &Group, to: NodeId) -> Result<(), String> {
+/// Before its own waiver, it names the waived leadership's term in `no_early_term`: the
+/// proposer answers no fast check early for the rest of that term, since its fast lease
+/// assumes that no voter votes within it, which the waiver undoes. A handover that fails
+/// after that leaves this node the leader, answering fast checks only on commit.
+///
+/// The waivers and the election are asked with a short timeout (half the minimum election
+/// timeout each): a waiver lasts one lease (the maximum election timeout), and the target's
+/// vote requests must reach the voters within it.
+async fn hand_over(
+    cluster: &Cluster,
+    group: &Group,
+    to: NodeId,
+    no_early_term: &mut u64,
+) -> Result<(), String> {
     let me = cluster.config.node_id;
     let pipeline = u32::try_from(cluster.config.pipeline.max(1)).unwrap_or(u32::MAX);
     let _pipeline = tokio::time::timeout(
@@ -1728,12 +1783,10 @@ async fn hand_over(cluster: &Cluster, group: &Group, to: NodeId) -> Result<(), S
     if held.vote != vote {
         return Err("the leadership changed meanwhile".into());
     }
-    group
-        .raft
-        .trigger()
-        .waive_lease(vote)
-        .await
-        .map_err(|e| e.to_string())?;
+    // This node's own waiver: as a voter's (which also checks the vote still stands).
+    *no_early_term = vote.leader_id().term;
+    cluster.take_handover(group, vote, false).await?;
+    let quick = cluster.config.election_min / 2;
     let waive = |id: NodeId| {
         let request = PeerRequest::Handover {
             group: group.id,
@@ -1741,13 +1794,7 @@ async fn hand_over(cluster: &Cluster, group: &Group, to: NodeId) -> Result<(), S
             elect: false,
         };
         async move {
-            let r = ask(
-                &*cluster.transport,
-                id,
-                &request,
-                cluster.config.forward_timeout,
-            )
-            .await;
+            let r = ask(&*cluster.transport, id, &request, quick).await;
             matches!(r, Ok(PeerResponse::Handover(Ok(()))))
         }
     };
@@ -1769,14 +1816,7 @@ async fn hand_over(cluster: &Cluster, group: &Group, to: NodeId) -> Result<(), S
         vote,
         elect: true,
     };
-    match ask(
-        &*cluster.transport,
-        to,
-        &request,
-        cluster.config.forward_timeout,
-    )
-    .await
-    {
+    match ask(&*cluster.transport, to, &request, quick).await {
         Ok(PeerResponse::Handover(Ok(()))) => {}
         Ok(PeerResponse::Handover(Err(why))) => return Err(format!("node {to}: {why}")),
         Ok(other) => return Err(format!("node {to}: unexpected answer {other:?}")),
@@ -1968,8 +2008,10 @@ async fn rebalance_loop(cluster: std::sync::Weak<Cluster>) {
     let mut tick = tokio::time::interval(Duration::from_secs(3));
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     tick.tick().await;
-    // Per group: the (leader, term) last seen and since when (ns on the node's clock).
+    // Per group: the (leader, term) last seen and since when (ns on the node's clock); and
+    // until when a group whose handover failed is left alone.
     let mut seen: BTreeMap<GroupId, (Option<NodeId>, u64, u64)> = BTreeMap::new();
+    let mut resting: BTreeMap<GroupId, u64> = BTreeMap::new();
     loop {
         tick.tick().await;
         let Some(c) = cluster.upgrade() else { return };
@@ -2000,6 +2042,9 @@ async fn rebalance_loop(cluster: std::sync::Weak<Cluster>) {
             if ids.is_empty() || leader != Some(me) || ids[g.id as usize % ids.len()] == me {
                 continue;
             }
+            if resting.get(&g.id).is_some_and(|until| now < *until) {
+                continue;
+            }
             if preferred_holds_log && now.saturating_sub(since) > settled_ns {
                 let to = ids[g.id as usize % ids.len()];
                 tracing::info!(
@@ -2007,7 +2052,11 @@ async fn rebalance_loop(cluster: std::sync::Weak<Cluster>) {
                     to,
                     "handing the shard's leadership to its preferred member (rebalance)"
                 );
-                let _ = c.hand_over(g, to).await;
+                if c.hand_over(g, to).await.is_err() {
+                    // Not again for ten ticks (the member may be down: the leader's
+                    // replication figures for it go stale).
+                    resting.insert(g.id, now + 30 * crate::limiter::SECOND);
+                }
                 // One group per tick: a handover pauses the group's commits.
                 break;
             }
