@@ -495,6 +495,30 @@ async fn a_strict_leader_cut_off_from_its_followers_acknowledges_nothing() {
     );
 }
 
+/// The other side of the lease: under fast, a leader whose lease is fresh answers from its
+/// own (speculative) state at once, without waiting for a commit. With both followers
+/// stopped inside the lease, five fast checks at the leader are admitted (a strict check
+/// would get `on_unavailable`, above). With early answers turned off, all five get the
+/// denial (seen by hand). A mend of the handovers once turned them off in the term a node
+/// had already voted in when its proposer started (a fresh cluster's first term, at times),
+/// which only scripts/negative-controls noticed: the strict mutant above survived.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_fast_leader_cut_off_from_its_followers_answers_within_its_lease() {
+    let cluster = blocking(move || Cluster::start(3, &policies(), &SLOW_ELECTIONS));
+    let (limit, key) = ("fastcount", "cut");
+    let (leader, at_leader) = settled_leader(&cluster, limit, key).await;
+    let followers: Vec<usize> = (0..3).filter(|&i| i != leader).collect();
+    blocking(|| followers.iter().for_each(|&i| cluster.signal(i, SIGSTOP)));
+    let (answered, admitted) = five_checks(&at_leader, limit, key).await;
+    blocking(|| followers.iter().for_each(|&i| cluster.signal(i, SIGCONT)));
+    eprintln!("leader {leader}: {answered} answered, {admitted} admitted");
+    assert_eq!(
+        (answered, admitted),
+        (5, 5),
+        "a fast leader within its lease answers at once"
+    );
+}
+
 /// The leader's own log flush runs beside replication (quorate's openraft patch,
 /// vendor/README.md): the leader counts itself toward a commit only once its flush is done.
 /// With one follower stopped and the leader's disk stalled (`--test-hold-wal-while`), the

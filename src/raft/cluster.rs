@@ -210,6 +210,8 @@ struct Group {
     handover_asked: AtomicBool,
     /// Numbers the asks, so that an asker withdraws only its own.
     handover_seq: AtomicU64,
+    /// The term this node led when it last stopped (0: none).
+    led_term_at_start: u64,
 }
 
 /// A handover the proposer is to carry out: to whom, and where the outcome goes.
@@ -332,7 +334,19 @@ impl Cluster {
             sm.set_hooks(config.node_id, config.hooks.clone());
             let info = sm.info();
             let info_state = sm.state();
-            let log = logs.log(g)?;
+            let mut log = logs.log(g)?;
+            // The term this node led when it stopped, if it did (its saved vote is its own
+            // and committed): openraft restores it as that term's leader, and the voters
+            // may still hold waivers of that leadership (see `propose_loop`).
+            let led_term = match log.read_vote().await {
+                Ok(Some(v))
+                    if v.is_committed() && v.leader_id().voted_for() == Some(config.node_id) =>
+                {
+                    v.leader_id().term
+                }
+                Ok(_) => 0,
+                Err(e) => return Err(format!("shard {g}: cannot read the saved vote: {e}")),
+            };
             let network = super::rpc::GroupNetwork {
                 group: g,
                 transport: transport.clone(),
@@ -381,6 +395,7 @@ impl Cluster {
                 handover: Mutex::new(None),
                 handover_asked: AtomicBool::new(false),
                 handover_seq: AtomicU64::new(0),
+                led_term_at_start: led_term,
             }));
         }
         let denials = DenialCache::new(config.denial_cache);
@@ -1389,15 +1404,10 @@ async fn propose_loop(cluster: Arc<Cluster>, group: Arc<Group>) {
     let mut open: Option<Open> = None;
     // A term in which this node began a handover of its leadership: it answers no fast check
     // early for the rest of it (the voters waived its lease, see `hand_over`). At the start,
-    // the term this node restarts into (its saved vote's, as the Raft core has it once
-    // started; the metrics may not have it yet): if it led that term before the restart, a
-    // waiver of that leadership may still stand (a restart does not undo the voters'
-    // waivers), so it answers no fast check early if it leads that term again.
-    let mut no_early_term: u64 = group
-        .raft
-        .with_raft_state(|s| s.vote_ref().leader_id().term)
-        .await
-        .unwrap_or(0);
+    // the term this node led when it stopped, if it did: openraft restores it as that
+    // term's leader, and a waiver of that leadership may still stand (a restart does not
+    // undo the voters' waivers), so it answers no fast check early in that term.
+    let mut no_early_term: u64 = group.led_term_at_start;
     // Fast-only entries: proposed no sooner than `fast_linger` after the last entry, unless
     // they hold `fast_batch` commands (see the wait below). At most half the lease: a hold
     // that outlasted it would leave the next fast callers unanswerable early (the lease
