@@ -473,21 +473,27 @@ const SLOW_ELECTIONS: [&str; 6] = [
     "1h",
 ];
 
+/// A new cluster (`--election-timeout 2s`); a settled leader of the shard of `limit`'s key
+/// "cut"; both its followers stopped (SIGSTOP) well inside its lease (80% of 2 s from its
+/// last commit) while five checks go to it, then resumed. What `five_checks` saw.
+async fn five_checks_with_the_followers_stopped(limit: &'static str) -> (u64, u64) {
+    let cluster = blocking(move || Cluster::start(3, &policies(), &SLOW_ELECTIONS));
+    let (leader, at_leader) = settled_leader(&cluster, limit, "cut").await;
+    let followers: Vec<usize> = (0..3).filter(|&i| i != leader).collect();
+    blocking(|| followers.iter().for_each(|&i| cluster.signal(i, SIGSTOP)));
+    let (answered, admitted) = five_checks(&at_leader, limit, "cut").await;
+    blocking(|| followers.iter().for_each(|&i| cluster.signal(i, SIGCONT)));
+    eprintln!("{limit}, leader {leader}: {answered} answered, {admitted} admitted");
+    (answered, admitted)
+}
+
 /// Under strict, an admission is acknowledged only once a majority stored it. With both
 /// followers of a shard stopped, its leader's lease is still fresh (a long election timeout
 /// keeps it so for seconds): only waiting for the commit keeps it from answering "admitted"
 /// from its own state, which a kill -9 of it would then forget.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_strict_leader_cut_off_from_its_followers_acknowledges_nothing() {
-    let cluster = blocking(move || Cluster::start(3, &policies(), &SLOW_ELECTIONS));
-    let (limit, key) = ("down_deny", "cut");
-    // The followers stop well inside the leader's lease (80% of 2 s from its last commit).
-    let (leader, at_leader) = settled_leader(&cluster, limit, key).await;
-    let followers: Vec<usize> = (0..3).filter(|&i| i != leader).collect();
-    blocking(|| followers.iter().for_each(|&i| cluster.signal(i, SIGSTOP)));
-    let (answered, admitted) = five_checks(&at_leader, limit, key).await;
-    blocking(|| followers.iter().for_each(|&i| cluster.signal(i, SIGCONT)));
-    eprintln!("leader {leader}: {answered} answered, {admitted} admitted");
+    let (answered, admitted) = five_checks_with_the_followers_stopped("down_deny").await;
     assert_eq!(answered, 5, "on_unavailable = deny answers every call");
     assert_eq!(
         admitted, 0,
@@ -504,14 +510,7 @@ async fn a_strict_leader_cut_off_from_its_followers_acknowledges_nothing() {
 /// which only scripts/negative-controls noticed: the strict mutant above survived.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_fast_leader_cut_off_from_its_followers_answers_within_its_lease() {
-    let cluster = blocking(move || Cluster::start(3, &policies(), &SLOW_ELECTIONS));
-    let (limit, key) = ("fastcount", "cut");
-    let (leader, at_leader) = settled_leader(&cluster, limit, key).await;
-    let followers: Vec<usize> = (0..3).filter(|&i| i != leader).collect();
-    blocking(|| followers.iter().for_each(|&i| cluster.signal(i, SIGSTOP)));
-    let (answered, admitted) = five_checks(&at_leader, limit, key).await;
-    blocking(|| followers.iter().for_each(|&i| cluster.signal(i, SIGCONT)));
-    eprintln!("leader {leader}: {answered} answered, {admitted} admitted");
+    let (answered, admitted) = five_checks_with_the_followers_stopped("fastcount").await;
     assert_eq!(
         (answered, admitted),
         (5, 5),
