@@ -182,6 +182,25 @@ impl Default for Options {
     }
 }
 
+impl Options {
+    /// The command-line switches for this run's options that are on (workload, nemesis and
+    /// the negative controls' flags): the one list that both [`reproduce`] and a sweep's
+    /// child command line are built from, so neither can miss a switch.
+    pub fn switches(&self) -> Vec<&'static str> {
+        let workload = [
+            (self.failover_clients, "--failover-clients"),
+            (self.quick_restarts, "--quick-restarts"),
+            (self.retry_clients, "--retry-clients"),
+            (self.multi_item_clients, "--multi-item-clients"),
+            (self.fallback_clients, "--fallback-clients"),
+            (self.handover_faults, "--handover-faults"),
+            (!self.nemesis, "--no-nemesis"),
+        ];
+        let on = workload.into_iter().filter_map(|(on, s)| on.then_some(s));
+        on.chain(self.controls.flags()).collect()
+    }
+}
+
 /// What clients saw.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct OpCounts {
@@ -285,33 +304,12 @@ pub fn reproduce(opts: &Options) -> String {
     if opts.clients != d.clients {
         cmd += &format!(" --clients {}", opts.clients);
     }
-    if opts.failover_clients {
-        cmd += " --failover-clients";
-    }
-    if opts.quick_restarts {
-        cmd += " --quick-restarts";
-    }
-    if opts.retry_clients {
-        cmd += " --retry-clients";
-    }
-    if opts.multi_item_clients {
-        cmd += " --multi-item-clients";
-    }
-    if opts.fallback_clients {
-        cmd += " --fallback-clients";
-    }
-    if opts.handover_faults {
-        cmd += " --handover-faults";
-    }
     if opts.sharding != Sharding::Hash {
         cmd += &format!(" --sharding {}", opts.sharding.name());
     }
-    if !opts.nemesis {
-        cmd += " --no-nemesis";
-    }
-    for flag in opts.controls.flags() {
+    for switch in opts.switches() {
         cmd += " ";
-        cmd += flag;
+        cmd += switch;
     }
     if !opts.clock_script.is_empty() {
         cmd += " (with the test's scripted clock steps)";

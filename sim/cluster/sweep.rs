@@ -88,29 +88,8 @@ fn child(exe: &Path, opts: &Options, trace: Option<&Path>) -> Command {
         .args(["--duration", &format!("{}ns", opts.duration.as_nanos())])
         .args(["--shards", &opts.shards.to_string()])
         .args(["--clients", &opts.clients.to_string()]);
-    if opts.failover_clients {
-        cmd.arg("--failover-clients");
-    }
-    if opts.quick_restarts {
-        cmd.arg("--quick-restarts");
-    }
-    if opts.retry_clients {
-        cmd.arg("--retry-clients");
-    }
-    if opts.multi_item_clients {
-        cmd.arg("--multi-item-clients");
-    }
-    if opts.fallback_clients {
-        cmd.arg("--fallback-clients");
-    }
-    if opts.handover_faults {
-        cmd.arg("--handover-faults");
-    }
     cmd.args(["--sharding", opts.sharding.name()]);
-    if !opts.nemesis {
-        cmd.arg("--no-nemesis");
-    }
-    cmd.args(opts.controls.flags());
+    cmd.args(opts.switches());
     if let Some(t) = trace {
         cmd.arg("--trace").arg(t);
     }

@@ -188,6 +188,14 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|p| p.into_inner())
 }
 
+/// The voter `group` prefers as its leader: the one at position `group` mod the number of
+/// `voters` (sorted by id). Starts, the rebalancer, removals and SIGTERM all reckon with
+/// this one rule, so leaders spread evenly and stay put. `None` with no voters.
+fn preferred(voters: &[NodeId], group: GroupId) -> Option<NodeId> {
+    let n = u64::try_from(voters.len()).ok().filter(|&n| n > 0)?;
+    voters.get(usize::try_from(group % n).ok()?).copied()
+}
+
 /// One shard's Raft group on this node.
 struct Group {
     id: GroupId,
@@ -361,7 +369,9 @@ impl Cluster {
             // has no leader after a while (its preferred member did not come up).
             if !config.join && !raft.is_initialized().await.map_err(|e| e.to_string())? {
                 let ids: Vec<NodeId> = members.keys().copied().collect();
-                let preferred = ids[g as usize % ids.len()];
+                let Some(preferred) = preferred(&ids, g) else {
+                    return Err(format!("shard {g}: no members to start it with"));
+                };
                 let (raft, members) = (raft.clone(), members.clone());
                 let wait = config.election_max * 4;
                 tokio::spawn(async move {
@@ -735,13 +745,14 @@ impl Cluster {
                         return Err(fail("a handover of this shard is under way".into()));
                     }
                     let others: Vec<NodeId> = voters.iter().copied().filter(|v| v != id).collect();
-                    let to = others[group.id as usize % others.len()];
-                    match self.hand_over(group, to).await {
-                        Ok(()) => {
-                            return Err(ForwardError::NotLeader { leader: Some(to) }.into());
-                        }
-                        Err(why) => {
-                            tracing::info!(shard = group.id, %why, "no handover before this leader's removal");
+                    if let Some(to) = preferred(&others, group.id) {
+                        match self.hand_over(group, to).await {
+                            Ok(()) => {
+                                return Err(ForwardError::NotLeader { leader: Some(to) }.into());
+                            }
+                            Err(why) => {
+                                tracing::info!(shard = group.id, %why, "no handover before this leader's removal");
+                            }
                         }
                     }
                 }
@@ -756,7 +767,7 @@ impl Cluster {
     }
 
     /// Hands `group`'s leadership, which this node holds, to the voter `to` (openraft 0.9
-    /// has no leadership transfer; see [`hand_over`], which the group's proposer runs).
+    /// has no leadership transfer; see [`run_handover`], which the group's proposer runs).
     /// First asks `to` for its RESP address, a round trip that changes nothing: the
     /// leader's replication figures, which the rebalancer reads, go stale for a member that
     /// is down or cut off, and a handover to it would hold up the group's callers for
@@ -777,7 +788,7 @@ impl Cluster {
         let Some((seq, outcome)) = Cluster::ask_handover(group, to) else {
             return Err("a handover of this shard is under way".into());
         };
-        // Above the proposer's longest handover (see `hand_over`'s waits).
+        // Above the proposer's longest handover (see `run_handover`'s waits).
         let limit =
             self.config.write_timeout + self.config.election_min * 3 + self.config.election_max * 4;
         match tokio::time::timeout(limit, outcome).await {
@@ -810,7 +821,7 @@ impl Cluster {
                 .into_iter()
                 .filter(|v| *v != me)
                 .collect();
-            let to = *others.get(g.id as usize % others.len().max(1))?;
+            let to = preferred(&others, g.id)?;
             Some(async move {
                 let _ = self.hand_over(g, to).await;
             })
@@ -1403,7 +1414,7 @@ async fn propose_loop(cluster: Arc<Cluster>, group: Arc<Group>) {
     let unsafe_early = cluster.config.hooks.unsafe_answer_before_commit;
     let mut open: Option<Open> = None;
     // A term in which this node began a handover of its leadership: it answers no fast check
-    // early for the rest of it (the voters waived its lease, see `hand_over`). At the start,
+    // early for the rest of it (the voters waived its lease, see `run_handover`). At the start,
     // the term this node led when it stopped, if it did: openraft restores it as that
     // term's leader, and a waiver of that leadership may still stand (a restart does not
     // undo the voters' waivers), so it answers no fast check early in that term.
@@ -1502,7 +1513,7 @@ async fn propose_loop(cluster: Arc<Cluster>, group: Arc<Group>) {
             let asked = lock(&group.handover).take();
             if let Some(HandoverAsk { to, reply, .. }) = asked {
                 spec = None;
-                let result = hand_over(&cluster, &group, to, &mut no_early_term).await;
+                let result = run_handover(&cluster, &group, to, &mut no_early_term).await;
                 cluster.handed_over(&group, to, &result);
                 let _ = reply.send(result);
             }
@@ -1750,7 +1761,7 @@ async fn propose_loop(cluster: Arc<Cluster>, group: Arc<Group>) {
 /// The waivers and the election are asked with a short timeout (half the minimum election
 /// timeout each): a waiver lasts one lease (the maximum election timeout), and the target's
 /// vote requests must reach the voters within it.
-async fn hand_over(
+async fn run_handover(
     cluster: &Cluster,
     group: &Group,
     to: NodeId,
@@ -2011,7 +2022,7 @@ fn check_change(
 
 /// Spreads leadership: every few seconds, a node that leads a group another voter is
 /// preferred for (group g prefers the voter at position g mod voters) hands the group's
-/// leadership to it (`hand_over`) once that voter holds the log and the group's leadership
+/// leadership to it (`Cluster::hand_over`) once that voter holds the log and the group's leadership
 /// has been settled for a while. With every node doing this the leaders settle one per
 /// preferred node, also after a node returns, with any number of voters.
 async fn rebalance_loop(cluster: std::sync::Weak<Cluster>) {
@@ -2031,13 +2042,12 @@ async fn rebalance_loop(cluster: std::sync::Weak<Cluster>) {
         // that calls elections of its own (openraft 0.9 has no pre-vote) settles first.
         let settled_ns = (c.config.election_max + c.config.election_min).as_nanos() as u64;
         for g in &c.groups {
-            let ids = Cluster::voters(g);
+            let to = preferred(&Cluster::voters(g), g.id);
             let (leader, term, preferred_holds_log) = {
                 let m = g.raft.metrics();
                 let m = m.borrow();
                 let last = m.last_log_index.unwrap_or(0);
-                let preferred = (!ids.is_empty()).then(|| ids[g.id as usize % ids.len()]);
-                let holds = preferred
+                let holds = to
                     .and_then(|p| m.replication.as_ref()?.get(&p).copied().flatten())
                     .is_some_and(|l| l.index + 8 >= last);
                 (m.current_leader, m.current_term, holds)
@@ -2049,14 +2059,13 @@ async fn rebalance_loop(cluster: std::sync::Weak<Cluster>) {
                     now
                 }
             };
-            if ids.is_empty() || leader != Some(me) || ids[g.id as usize % ids.len()] == me {
+            let Some(to) = to.filter(|&to| leader == Some(me) && to != me) else {
                 continue;
-            }
+            };
             if resting.get(&g.id).is_some_and(|until| now < *until) {
                 continue;
             }
             if preferred_holds_log && now.saturating_sub(since) > settled_ns {
-                let to = ids[g.id as usize % ids.len()];
                 tracing::info!(
                     shard = g.id,
                     to,

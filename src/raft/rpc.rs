@@ -50,7 +50,7 @@ pub enum PeerRequest {
     RespAddr,
     /// From `group`'s leader, handing its leadership (`vote`) over: waive the lease of that
     /// leadership for a while, and with `elect`, call an election (the receiver is the node
-    /// taking over). See `cluster::hand_over`. After the variants above, for the same reason.
+    /// taking over). See `cluster::run_handover`. After the variants above, for the same reason.
     Handover {
         group: GroupId,
         vote: openraft::Vote<NodeId>,
