@@ -20,9 +20,10 @@
 //!   closed, or the client's own timeout after the call had half of it there; not a call
 //!   the caller dropped), is passed over for [`ClientConfig::down_for`], and its pooled
 //!   connections are replaced.
-//! - A call goes to another node only when nothing of it was sent: its connect failed, its
-//!   pooled connection's node was marked down or was seen to have closed it before the
-//!   request was written, failback (below), or the node answered a new connection with
+//! - A call goes to another node only when nothing of it was sent (but see the next
+//!   point): its connect failed, its pooled connection's node was marked down or was seen
+//!   to have closed it before the request was written, failback (below), or the node
+//!   answered a new connection with
 //!   "max number of clients" (it closes those unread; that node is skipped for this call
 //!   only, and with no other node up the call fails with [`ClientError::Unavailable`],
 //!   which is retryable). A request that
@@ -30,6 +31,10 @@
 //!   node (the idle-close case), else the call returns its error: the check may have been
 //!   decided. Retry it with a request id, which the cluster remembers whichever node is
 //!   asked ([`Client::check_with_retry`] does).
+//! - A check with a request id, and the commands that spend nothing, are sent again within
+//!   the call: to the next node up when the node took them and failed without an answer,
+//!   and in the idle-close case to the same node for a share of the time left, then to the
+//!   next ones (a crashed host may let a connect time out rather than refuse it).
 //! - A connection to a later node is replaced once it is [`ClientConfig::failback_after`]
 //!   old, if an earlier node accepts a connection within half the call's time left (else it
 //!   is kept): the client returns to the first node once it is back.
@@ -296,6 +301,24 @@ impl On {
 }
 
 /// A node at its connection cap says this before it closes a new connection unread.
+/// True for a request that may be sent again, to any member, when one took it and failed
+/// without an answer: a check with a request id (the cluster answers a repeated id with its
+/// first answer, whichever member is asked, as for [`Client::check_with_retry`]'s retries),
+/// and the commands that spend nothing (`PING`, `QR.PEEK`, `QR.ROUTES`). Not a check without
+/// an id, nor `CL.THROTTLE`: the member may have decided it before it failed, and a second
+/// member would spend it again.
+fn resendable(args: &[&[u8]]) -> bool {
+    match args {
+        [command, id, ..] if command.eq_ignore_ascii_case(b"QR.CHECK") => {
+            id.eq_ignore_ascii_case(b"ID")
+        }
+        [command, ..] => [&b"PING"[..], b"QR.PEEK", b"QR.ROUTES"]
+            .iter()
+            .any(|c| command.eq_ignore_ascii_case(c)),
+        [] => false,
+    }
+}
+
 fn is_full(frame: &Frame) -> bool {
     let full = crate::api::resp::server::MAX_CLIENTS_REPLY
         .strip_prefix(b"-")
@@ -589,22 +612,45 @@ impl<C: Connector> Client<C> {
             None => self.connect(shared.order(), deadline, on).await?,
         };
         let fresh = !pooled.conn.used;
+        // A request that may be sent again to another node: one the cluster answers the same
+        // whichever member gets it, however often (see `resendable`).
+        let anywhere = shared.nodes.len() > 1 && resendable(args);
         on.set(shared, pooled.node);
+        let mut moved = false;
         let mut result = match pooled.conn.call(args).await {
             Err(CallError::ClosedBeforeReply(first)) if pooled.conn.used => {
                 // The node had most likely closed this pooled connection (idle) before our
                 // request, so it is sent once more on a fresh connection: to the same node
-                // only. A node that read the request and then crashed looks the same, and a
-                // retry elsewhere could spend it twice; the same node refuses if it is down.
+                // first. A node that read the request and then crashed looks the same, and a
+                // retry elsewhere could spend it twice, so a request that is not `anywhere`
+                // goes to the same node only (which refuses if it is down). One that is gets
+                // a share of the time left there (a crashed host need not refuse: the
+                // connect may just time out), then the next nodes up.
                 let node = pooled.node;
+                let mut nodes = vec![node];
+                if anywhere {
+                    nodes.extend(shared.order().into_iter().filter(|&i| i != node));
+                }
                 pooled = self
-                    .connect(vec![node], deadline, on)
+                    .connect(nodes, deadline, on)
                     .await
                     .map_err(|e| ClientError::Io(format!("{first}; reconnecting failed: {e}")))?;
+                moved = pooled.node != node;
                 pooled.conn.call(args).await
             }
             other => other,
         };
+        if anywhere && !moved && matches!(&result, Err(e) if e.unanswered()) {
+            // The node took the request and failed without an answer (reset, closed): it is
+            // passed over, and the request goes once to the next node up that accepts.
+            let node = pooled.node;
+            shared.mark_down(node);
+            let others = shared.order().into_iter().filter(|&i| i != node).collect();
+            if let Ok(p) = self.connect(others, deadline, on).await {
+                pooled = p;
+                result = pooled.conn.call(args).await;
+            }
+        }
         if shared.nodes.len() > 1 && fresh && matches!(&result, Ok((f, _)) if is_full(f)) {
             // A node at its connection cap answers a new connection with this and closes it
             // unread: nothing was decided, so the next node up may take the request. (The
@@ -747,6 +793,31 @@ impl<C: Connector> Client<C> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Only what the cluster answers the same however often and wherever it is sent may
+    /// go to a second member after the first took it and failed.
+    #[test]
+    fn only_checks_with_an_id_and_commands_that_spend_nothing_are_resent_elsewhere() {
+        let yes: [&[&[u8]]; 5] = [
+            &[b"QR.CHECK", b"ID", b"r1", b"api", b"k", b"1"],
+            &[b"qr.check", b"id", b"r1", b"api", b"k", b"1"],
+            &[b"PING"],
+            &[b"QR.PEEK", b"api", b"k"],
+            &[b"QR.ROUTES"],
+        ];
+        let no: [&[&[u8]]; 4] = [
+            &[b"QR.CHECK", b"api", b"k", b"1"],
+            &[b"CL.THROTTLE", b"k", b"15", b"30", b"60", b"1"],
+            &[b"QR.CHECK"],
+            &[],
+        ];
+        for args in yes {
+            assert!(resendable(args), "{args:?}");
+        }
+        for args in no {
+            assert!(!resendable(args), "{args:?}");
+        }
+    }
 
     /// A refresh task dropped before it ran (its runtime shut down) still ends the refresh:
     /// else routing would never refresh again for the client's life.

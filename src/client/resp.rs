@@ -40,6 +40,14 @@ pub(super) enum CallError {
     Other(ClientError),
 }
 
+impl CallError {
+    /// The request may have reached the node, which gave no answer: the connection closed or
+    /// failed. (A malformed answer is an answer.)
+    pub(super) fn unanswered(&self) -> bool {
+        !matches!(self, CallError::Other(ClientError::Protocol(_)))
+    }
+}
+
 impl<S: Stream> Conn<S> {
     pub fn new(stream: S) -> Self {
         Conn {
