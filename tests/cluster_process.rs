@@ -518,6 +518,52 @@ async fn a_fast_leader_cut_off_from_its_followers_answers_within_its_lease() {
     );
 }
 
+/// A node restarted into a term it led (kill -9 and back within the others' election
+/// timeout: openraft restores it as that term's leader) answers no `fast` check early in
+/// that term. A waiver of its leadership, given in a handover it did not live to finish,
+/// may still stand at the voters and let another node be elected in the next term without
+/// waiting out this leader's lease; the restarted node cannot know. So as in
+/// `a_fast_leader_cut_off_from_its_followers_answers_within_its_lease`, but after the
+/// restart: with both followers stopped inside the lease, its five fast checks wait for a
+/// commit that cannot come and get `on_unavailable`'s denial. scripts/negative-controls
+/// starts the proposer without the restart's term (early answers then admit all five).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_leader_restarted_into_its_own_term_answers_no_fast_check_early() {
+    let (limit, key) = ("fastcount", "cut");
+    let g = shard(limit, key) as usize;
+    let mut cluster = blocking(move || Cluster::start(3, &policies(), &SLOW_ELECTIONS));
+    let (leader, _) = settled_leader(&cluster, limit, key).await;
+    let term = |c: &Cluster| {
+        group_field(c, leader, "term")
+            .get(g)
+            .and_then(|t| t.as_u64())
+    };
+    let before = blocking(|| term(&cluster)).expect("the leader's status names the term");
+    let cluster = blocking(move || {
+        cluster.kill9(leader);
+        cluster.spawn(leader);
+        cluster
+    });
+    // Back in its own term as its leader, and settled (it commits again).
+    let (again, at_leader) = settled_leader(&cluster, limit, key).await;
+    let after = blocking(|| term(&cluster));
+    assert_eq!(
+        (again, after),
+        (leader, Some(before)),
+        "the restart was not back within the election timeout (another leader or term): \
+         nothing to test"
+    );
+    let followers: Vec<usize> = (0..3).filter(|&i| i != leader).collect();
+    blocking(|| followers.iter().for_each(|&i| cluster.signal(i, SIGSTOP)));
+    let (answered, admitted) = five_checks(&at_leader, limit, key).await;
+    blocking(|| followers.iter().for_each(|&i| cluster.signal(i, SIGCONT)));
+    assert_eq!(
+        (answered, admitted),
+        (5, 0),
+        "a leader restarted into its term answered fast checks early"
+    );
+}
+
 /// The leader's own log flush runs beside replication (quorate's openraft patch,
 /// vendor/README.md): the leader counts itself toward a commit only once its flush is done.
 /// With one follower stopped and the leader's disk stalled (`--test-hold-wal-while`), the
