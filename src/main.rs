@@ -574,8 +574,13 @@ fn check(args: CheckArgs) -> Result<(), CliError> {
         } else {
             ""
         };
+        let shadow = if i.shadow {
+            " (shadow limit: reported, denies nothing)"
+        } else {
+            ""
+        };
         println!(
-            "{} {} {}: {} of {} remaining{wait}{fallback}",
+            "{} {} {}: {} of {} remaining{wait}{fallback}{shadow}",
             if i.allowed { "admitted" } else { "denied" },
             i.limit,
             i.key,

@@ -312,7 +312,7 @@ async fn qr_check_is_all_or_nothing() {
     // login: 5 per minute, exact rolling window. Spend all 5 at once.
     c.roundtrip(
         &cmd("QR.CHECK login alice 5"),
-        "*3\r\n:1\r\n:-1\r\n*8\r\n$5\r\nlogin\r\n$5\r\nalice\r\n:1\r\n:5\r\n:0\r\n:-1\r\n:60000\r\n:0\r\n",
+        "*3\r\n:1\r\n:-1\r\n*9\r\n$5\r\nlogin\r\n$5\r\nalice\r\n:1\r\n:5\r\n:0\r\n:-1\r\n:60000\r\n:0\r\n:0\r\n",
     )
     .await;
     // api would admit, login denies: the whole check is denied...
@@ -333,7 +333,7 @@ async fn qr_check_is_all_or_nothing() {
     // ...and api was not spent.
     c.roundtrip(
         &cmd("QR.PEEK api alice"),
-        "*3\r\n:1\r\n:-1\r\n*8\r\n$3\r\napi\r\n$5\r\nalice\r\n:1\r\n:200\r\n:200\r\n:-1\r\n:0\r\n:0\r\n",
+        "*3\r\n:1\r\n:-1\r\n*9\r\n$3\r\napi\r\n$5\r\nalice\r\n:1\r\n:200\r\n:200\r\n:-1\r\n:0\r\n:0\r\n:0\r\n",
     )
     .await;
 }
@@ -352,8 +352,31 @@ async fn an_item_answered_by_on_unavailable_is_marked_as_a_fallback() {
             .await;
         let reply = array(c.frame().await);
         let item = array(reply[2].clone());
-        assert_eq!(item.len(), 8, "{item:?}");
+        assert_eq!(item.len(), 9, "{item:?}");
         assert_eq!((int(&item[2]), int(&item[7])), (allowed, fallback), "{key}");
+    }
+}
+
+/// A shadow limit's item says so (its ninth field): its denial is reported, and the check
+/// admits; a limit that is not shadow says 0.
+#[tokio::test]
+async fn a_shadow_items_denial_is_marked_and_the_check_admits() {
+    let policies = PolicySet::from_toml(
+        "[limits.api]\nalgorithm = \"fixed_window\"\nlimit = 10\nperiod = \"1m\"\n\n\
+         [limits.trial]\nalgorithm = \"fixed_window\"\nlimit = 1\nperiod = \"1m\"\nshadow = true\n",
+    )
+    .unwrap();
+    let node = Node::start_with(policies, |_| {}).await;
+    let mut c = node.connect().await;
+    // (check allowed, trial's allowed, trial's shadow flag, api's shadow flag)
+    for want in [(1, 1, 1, 0), (1, 0, 1, 0)] {
+        c.send(cmd("QR.CHECK trial alice 1 api alice 1").as_bytes())
+            .await;
+        let reply = array(c.frame().await);
+        let (trial, api) = (array(reply[2].clone()), array(reply[3].clone()));
+        assert_eq!((trial.len(), api.len()), (9, 9), "{reply:?}");
+        let got = (int(&reply[0]), int(&trial[2]), int(&trial[8]), int(&api[8]));
+        assert_eq!(got, want, "{reply:?}");
     }
 }
 
@@ -384,7 +407,7 @@ async fn a_repeated_request_id_gets_the_first_answer_and_spends_nothing_more() {
     let node = Node::start(|_| {}).await;
     let mut c = node.connect().await;
     let first =
-        "*3\r\n:1\r\n:-1\r\n*8\r\n$5\r\nlogin\r\n$4\r\ncarl\r\n:1\r\n:5\r\n:4\r\n:-1\r\n:60000\r\n:0\r\n";
+        "*3\r\n:1\r\n:-1\r\n*9\r\n$5\r\nlogin\r\n$4\r\ncarl\r\n:1\r\n:5\r\n:4\r\n:-1\r\n:60000\r\n:0\r\n:0\r\n";
     c.roundtrip(&cmd("QR.CHECK ID r-1 login carl 1"), first)
         .await;
     c.send(cmd("QR.CHECK ID r-1 login carl 1").as_bytes()).await;

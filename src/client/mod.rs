@@ -201,6 +201,9 @@ pub struct ItemAnswer {
     /// The answer came from the limit's `on_unavailable` rule (the node's key cap reached,
     /// or in a cluster the shard could not decide in time), not from its algorithm.
     pub fallback: bool,
+    /// A shadow limit's item: its denial is reported and counted but denies nothing (the
+    /// check's `allowed` leaves it out). False from a server before the flag.
+    pub shadow: bool,
 }
 
 /// The answer to a check (`QR.CHECK`) or a peek.

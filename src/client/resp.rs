@@ -205,7 +205,7 @@ pub fn check_answer(frame: Frame) -> Result<CheckAnswer, ClientError> {
             let longest_item = items
                 .iter()
                 .filter_map(|i| match i.retry_after {
-                    Wait::After(d) if !i.allowed => Some(d),
+                    Wait::After(d) if !i.allowed && !i.shadow => Some(d),
                     _ => None,
                 })
                 .max();
@@ -224,14 +224,16 @@ fn item_answer(frame: &Frame) -> Result<ItemAnswer, ClientError> {
     let Frame::Array(f) = frame else {
         return Err(unexpected("an item array", frame));
     };
-    // Seven fields: a server from before the fallback flag (its answers are not marked).
-    let (fields, fallback) = match f.as_slice() {
-        [seven @ .., fallback] if f.len() == 8 => (seven, flag(fallback)?),
-        seven => (seven, false),
+    // Seven fields: a server from before the fallback flag; eight: before the shadow flag
+    // (their answers are not marked).
+    let (fields, fallback, shadow) = match f.as_slice() {
+        [seven @ .., fallback, shadow] if f.len() == 9 => (seven, flag(fallback)?, flag(shadow)?),
+        [seven @ .., fallback] if f.len() == 8 => (seven, flag(fallback)?, false),
+        seven => (seven, false, false),
     };
     let [limit, key, allowed, capacity, remaining, retry_after, reset_after] = fields else {
         return Err(ClientError::Protocol(format!(
-            "an item has {} fields, not 7 or 8",
+            "an item has {} fields, not 7, 8 or 9",
             f.len()
         )));
     };
@@ -244,6 +246,7 @@ fn item_answer(frame: &Frame) -> Result<ItemAnswer, ClientError> {
         retry_after: wait(retry_after, Duration::from_millis)?,
         reset_after: Duration::from_millis(uint(reset_after)?),
         fallback,
+        shadow,
     })
 }
 
@@ -330,6 +333,19 @@ mod tests {
         assert_eq!((a.items[0].fallback, a.items[1].fallback), (true, false));
     }
 
+    /// A shadow item's denial is marked, and its wait is not the check's.
+    #[test]
+    fn a_shadow_items_denial_is_marked_and_does_not_set_the_wait() {
+        let a = check_answer(frame(
+            "*4\r\n:0\r\n:2\r\n\
+             *9\r\n$3\r\napi\r\n$1\r\nk\r\n:0\r\n:200\r\n:0\r\n:1200\r\n:11\r\n:0\r\n:0\r\n\
+             *9\r\n$5\r\nlogin\r\n$1\r\nk\r\n:0\r\n:5\r\n:0\r\n:1501\r\n:60000\r\n:0\r\n:1\r\n",
+        ))
+        .unwrap();
+        assert_eq!((a.items[0].shadow, a.items[1].shadow), (false, true));
+        assert_eq!(a.wait, Wait::After(Duration::from_millis(1200)));
+    }
+
     #[test]
     fn a_check_that_can_never_succeed_waits_never() {
         let a = check_answer(frame(
@@ -359,7 +375,8 @@ mod tests {
             "*3\r\n:1\r\n:-1\r\n:5\r\n",
             "*3\r\n:7\r\n:-1\r\n*0\r\n",
             "*3\r\n:1\r\n:-1\r\n*6\r\n$1\r\nl\r\n$1\r\nk\r\n:1\r\n:5\r\n:4\r\n:-1\r\n",
-            "*3\r\n:1\r\n:-1\r\n*9\r\n$1\r\nl\r\n$1\r\nk\r\n:1\r\n:5\r\n:4\r\n:-1\r\n:0\r\n:0\r\n:0\r\n",
+            "*3\r\n:1\r\n:-1\r\n*10\r\n$1\r\nl\r\n$1\r\nk\r\n:1\r\n:5\r\n:4\r\n:-1\r\n:0\r\n:0\r\n:0\r\n:0\r\n",
+            "*3\r\n:1\r\n:-1\r\n*9\r\n$1\r\nl\r\n$1\r\nk\r\n:1\r\n:5\r\n:4\r\n:-1\r\n:0\r\n:0\r\n:3\r\n",
             "*3\r\n:1\r\n:-1\r\n*8\r\n$1\r\nl\r\n$1\r\nk\r\n:1\r\n:5\r\n:4\r\n:-1\r\n:0\r\n:2\r\n",
             "*2\r\n:0\r\n:-9\r\n",
         ] {

@@ -8,10 +8,11 @@
 //! `QR.CHECK` and `QR.PEEK` answer `[allowed (1|0), retry_after s, item...]`, where
 //! `retry_after` is -1 when allowed and -2 when some item can never succeed, and each item is
 //! `[limit, key, allowed (1|0), limit, remaining, retry_after ms, reset_after ms, fallback
-//! (1|0)]`: times in milliseconds rounded up, the item's `retry_after` again -1 when it
-//! admitted and -2 when it never can, and `fallback` 1 when the answer came from the limit's
-//! `on_unavailable` rule (key cap reached, or its shard could not decide in time), not from
-//! its algorithm (HTTP's `fallback`).
+//! (1|0), shadow (1|0)]`: times in milliseconds rounded up, the item's `retry_after` again -1
+//! when it admitted and -2 when it never can, `fallback` 1 when the answer came from the
+//! limit's `on_unavailable` rule (key cap reached, or its shard could not decide in time),
+//! not from its algorithm (HTTP's `fallback`), and `shadow` 1 for a shadow limit's item,
+//! whose denial is reported but denies nothing (HTTP's `shadow`).
 //!
 //! Errors of the service become `-ERR ...`, except "unavailable", which is `-TRYAGAIN ...`
 //! so that clients know a retry may succeed.
@@ -61,7 +62,7 @@ pub fn write_check_reply(kind: CheckReply, resp: &CheckResponse, out: &mut Bytes
             encode::array_header(2 + resp.items.len(), out);
             encode::integers_in_place(&[i64::from(resp.allowed), check_retry_after(resp)], out);
             for i in &resp.items {
-                encode::array_header(8, out);
+                encode::array_header(ITEM_FIELDS, out);
                 encode::bulk(i.limit.as_bytes(), out);
                 encode::bulk(i.key.as_bytes(), out);
                 encode::integers_in_place(&item_numbers(i), out);
@@ -116,8 +117,12 @@ fn item(i: &ItemDecision) -> Frame {
     Frame::Array(frames)
 }
 
-/// An item's numbers: allowed, limit, remaining, retry_after ms, reset_after ms, fallback.
-fn item_numbers(i: &ItemDecision) -> [i64; 6] {
+/// Fields of an item of a `QR.CHECK` reply: its limit, key and [`item_numbers`].
+const ITEM_FIELDS: usize = 9;
+
+/// An item's numbers: allowed, limit, remaining, retry_after ms, reset_after ms, fallback,
+/// shadow.
+fn item_numbers(i: &ItemDecision) -> [i64; ITEM_FIELDS - 2] {
     let d = &i.decision;
     let retry_after = match d.outcome {
         Outcome::Allowed => -1,
@@ -131,6 +136,7 @@ fn item_numbers(i: &ItemDecision) -> [i64; 6] {
         retry_after,
         saturated(ceil_millis(d.reset_after)),
         i64::from(i.fallback),
+        i64::from(i.shadow),
     ]
 }
 
@@ -306,8 +312,8 @@ mod tests {
         assert_eq!(
             wire(check_reply(CheckReply::Check, &resp)),
             "*4\r\n:0\r\n:2\r\n\
-             *8\r\n$3\r\napi\r\n$1\r\nk\r\n:1\r\n:200\r\n:199\r\n:-1\r\n:11\r\n:0\r\n\
-             *8\r\n$5\r\nlogin\r\n$1\r\nk\r\n:0\r\n:5\r\n:0\r\n:1501\r\n:60000\r\n:0\r\n"
+             *9\r\n$3\r\napi\r\n$1\r\nk\r\n:1\r\n:200\r\n:199\r\n:-1\r\n:11\r\n:0\r\n:0\r\n\
+             *9\r\n$5\r\nlogin\r\n$1\r\nk\r\n:0\r\n:5\r\n:0\r\n:1501\r\n:60000\r\n:0\r\n:0\r\n"
         );
     }
 
@@ -320,7 +326,27 @@ mod tests {
             items: vec![fell_back],
         };
         let reply = wire(check_reply(CheckReply::Check, &resp));
-        assert!(reply.ends_with(":-1\r\n:0\r\n:1\r\n"), "{reply:?}");
+        assert!(reply.ends_with(":-1\r\n:0\r\n:1\r\n:0\r\n"), "{reply:?}");
+        let mut direct = BytesMut::new();
+        write_check_reply(CheckReply::Check, &resp, &mut direct);
+        assert_eq!(&direct[..], reply.as_bytes());
+    }
+
+    /// A shadow limit's denial is reported, marked as shadow, and the check admits.
+    #[test]
+    fn a_shadow_items_denial_says_shadow_and_denies_nothing() {
+        let mut shadow = item("login", "k", decision(Outcome::Denied, 5, 0, 1_000_000, 0));
+        shadow.shadow = true;
+        let resp = CheckResponse {
+            allowed: true,
+            items: vec![shadow],
+        };
+        let reply = wire(check_reply(CheckReply::Check, &resp));
+        assert!(reply.starts_with("*3\r\n:1\r\n:-1\r\n*9\r\n"), "{reply:?}");
+        assert!(
+            reply.ends_with(":0\r\n:5\r\n:0\r\n:1\r\n:0\r\n:0\r\n:1\r\n"),
+            "{reply:?}"
+        );
         let mut direct = BytesMut::new();
         write_check_reply(CheckReply::Check, &resp, &mut direct);
         assert_eq!(&direct[..], reply.as_bytes());
@@ -334,7 +360,7 @@ mod tests {
         };
         assert_eq!(
             wire(check_reply(CheckReply::Check, &resp)),
-            "*3\r\n:0\r\n:-2\r\n*8\r\n$5\r\nlogin\r\n$1\r\nk\r\n:0\r\n:5\r\n:5\r\n:-2\r\n:0\r\n:0\r\n"
+            "*3\r\n:0\r\n:-2\r\n*9\r\n$5\r\nlogin\r\n$1\r\nk\r\n:0\r\n:5\r\n:5\r\n:-2\r\n:0\r\n:0\r\n:0\r\n"
         );
     }
 
