@@ -239,6 +239,11 @@ struct ClusterArgs {
     /// to another node at once (as a rebalance or a removal does).
     #[arg(long)]
     handover_faults: bool,
+    /// A fourth host runs a node started to join (`--join`); once in a run, the nemesis has
+    /// an operator replace a member with it through the admin API (add node 4, then remove
+    /// a member), amid the other faults. The removed node keeps running.
+    #[arg(long)]
+    membership_faults: bool,
     /// How the nodes spread keys over shards: "hash" or "slots" (Redis Cluster's hash slots).
     #[arg(long, default_value = "hash", value_parser = parse_sharding)]
     sharding: quorate::shard::route::Sharding,
@@ -460,6 +465,7 @@ fn sim_cluster(a: ClusterArgs) -> Result<(), CliError> {
         multi_item_clients: a.multi_item_clients,
         fallback_clients: a.fallback_clients,
         handover_faults: a.handover_faults,
+        membership_faults: a.membership_faults,
         sharding: a.sharding,
         nemesis: !a.no_nemesis,
         controls: Controls {

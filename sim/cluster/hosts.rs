@@ -57,6 +57,14 @@ impl NodeHandle {
         SocketAddr::new(self.ip, RESP_PORT)
     }
 
+    pub fn http_addr(&self) -> SocketAddr {
+        SocketAddr::new(self.ip, HTTP_PORT)
+    }
+
+    pub fn peer_addr(&self) -> SocketAddr {
+        SocketAddr::new(self.ip, PEER_PORT)
+    }
+
     /// The running node's service, if it is up.
     pub fn service(&self) -> Option<Service> {
         self.service
@@ -142,7 +150,9 @@ impl Drop for RunDir {
     }
 }
 
-/// Builds every node's handle. `ips` are the hosts' simulated addresses, in node order.
+/// Builds every node's handle. `ips` are the hosts' simulated addresses, in node order: the
+/// first `opts.nodes` are the cluster's members from the start; any after them (the spare of
+/// `--membership-faults`) start to join (`--join`), knowing every node's address.
 pub fn handles(
     opts: &Options,
     ips: &[IpAddr],
@@ -152,15 +162,21 @@ pub fn handles(
     history: &Arc<Mutex<History>>,
     epoch_ns: u64,
 ) -> Vec<Arc<NodeHandle>> {
-    let members: BTreeMap<NodeId, String> = ips
+    let everyone: BTreeMap<NodeId, String> = ips
         .iter()
         .enumerate()
         .map(|(i, ip)| (i as NodeId + 1, SocketAddr::new(*ip, PEER_PORT).to_string()))
+        .collect();
+    let members: BTreeMap<NodeId, String> = everyone
+        .iter()
+        .take(opts.nodes)
+        .map(|(id, addr)| (*id, addr.clone()))
         .collect();
     ips.iter()
         .enumerate()
         .map(|(i, ip)| {
             let id = i as NodeId + 1;
+            let join = i >= opts.nodes;
             // Hosts disagree on their monotonic origin, as real machines do.
             let origin = u64::from_le_bytes(
                 super::derive(opts.seed, &format!("clock-{id}"))[..8]
@@ -231,7 +247,11 @@ pub fn handles(
             };
             config.cluster = Some(ClusterSettings {
                 node_id: id,
-                members: members.clone(),
+                members: if join {
+                    everyone.clone()
+                } else {
+                    members.clone()
+                },
                 peer_addr: SocketAddr::new(*ip, PEER_PORT),
                 secret: "quorate-simulation-secret".into(),
                 wal_sync: !opts.controls.skip_fsync,
@@ -248,7 +268,7 @@ pub fn handles(
                 pipeline: 1,
                 denial_cache: 100_000,
                 snapshot_every: 20_000,
-                join: false,
+                join,
                 hooks,
             });
             Arc::new(NodeHandle {

@@ -37,6 +37,7 @@ pub mod check_once;
 pub mod check_strict;
 pub mod history;
 pub mod hosts;
+pub mod membership;
 pub mod nemesis;
 pub mod sweep;
 pub mod workload;
@@ -47,6 +48,8 @@ use crate::shard::route::{fnv1a, Sharding};
 use history::{AppliedLog, History, Outcome};
 use hosts::NodeHandle;
 use nemesis::Nemesis;
+use rand::{Rng, SeedableRng};
+use rand_chacha::ChaCha8Rng;
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, UNIX_EPOCH};
@@ -140,6 +143,12 @@ pub struct Options {
     /// amid the other faults. Off by default, so that seeds replay as they did before the
     /// option existed.
     pub handover_faults: bool,
+    /// A spare host runs a node started to join (`--membership-faults`, id `nodes + 1`);
+    /// once in a run the nemesis has an operator replace a member with it through the
+    /// admin API (`POST /v1/admin/members`: add the spare, then remove the member), amid
+    /// the other faults. The removed node keeps running, outside every shard. Off by
+    /// default, so that seeds replay as they did before the option existed.
+    pub membership_faults: bool,
     pub keys: usize,
     /// Each client waits a uniform time in this range (ms) between operations.
     pub think_ms: (u64, u64),
@@ -170,6 +179,7 @@ impl Default for Options {
             multi_item_clients: false,
             fallback_clients: false,
             handover_faults: false,
+            membership_faults: false,
             keys: 300,
             think_ms: (5, 40),
             nemesis: true,
@@ -194,6 +204,7 @@ impl Options {
             (self.multi_item_clients, "--multi-item-clients"),
             (self.fallback_clients, "--fallback-clients"),
             (self.handover_faults, "--handover-faults"),
+            (self.membership_faults, "--membership-faults"),
             (!self.nemesis, "--no-nemesis"),
         ];
         let on = workload.into_iter().filter_map(|(on, s)| on.then_some(s));
@@ -251,6 +262,9 @@ pub struct Report {
     /// `--handover-faults`), and handovers that failed.
     pub handovers: u64,
     pub handovers_failed: u64,
+    /// Members replaced through the admin API (`--membership-faults`: the spare added and
+    /// a member removed, both answered 200).
+    pub replaced: u64,
     /// Fast admissions told to clients that the log does not hold (within the bound unless
     /// reported as a violation).
     pub fast_excess: u64,
@@ -409,6 +423,7 @@ fn run_checked(opts: &Options) -> Report {
                 faults: 0,
                 handovers: 0,
                 handovers_failed: 0,
+                replaced: 0,
                 fast_excess: 0,
                 violations: vec![format!("cannot create the nodes' directory: {e}")],
                 history: History::default(),
@@ -425,7 +440,9 @@ fn run_checked(opts: &Options) -> Report {
         .epoch(UNIX_EPOCH + Duration::from_secs(EPOCH_SECS))
         .tcp_capacity(4096)
         .build();
-    let names: Vec<String> = (1..=opts.nodes).map(|i| format!("n{i}")).collect();
+    // With `--membership-faults`, a spare host after the members: a node started to join.
+    let hosts = opts.nodes + usize::from(opts.membership_faults);
+    let names: Vec<String> = (1..=hosts).map(|i| format!("n{i}")).collect();
     let ips: Vec<_> = names.iter().map(|n| sim.lookup(n.as_str())).collect();
     let log = Arc::new(Mutex::new(AppliedLog::default()));
     let history = Arc::new(Mutex::new(History::default()));
@@ -444,12 +461,27 @@ fn run_checked(opts: &Options) -> Report {
         sim.host(n.name.as_str(), move || h.clone().run());
     }
     let stop_ns = ns(opts.duration);
+    // Clients know the members the cluster starts with (not the spare).
+    let first_members: Vec<Arc<NodeHandle>> = nodes[..opts.nodes].to_vec();
     for c in 0..opts.clients {
         sim.client(
             format!("c{c}"),
-            workload::client(c, opts.clone(), nodes.clone(), history.clone(), stop_ns),
+            workload::client(
+                c,
+                opts.clone(),
+                first_members.clone(),
+                history.clone(),
+                stop_ns,
+            ),
         );
     }
+    // `--membership-faults`: when, and which member the spare replaces.
+    let replacement = membership::Shared::default();
+    let replace = opts.membership_faults.then(|| {
+        let mut rng = ChaCha8Rng::from_seed(derive(opts.seed, "membership"));
+        let at = rng.random_range(3_000_000_000..=(stop_ns * 3 / 5).max(3_000_000_000));
+        (at, rng.random_range(0..opts.nodes))
+    });
     let mut nemesis = Nemesis::new(
         opts.seed,
         opts.fault_every,
@@ -494,6 +526,33 @@ fn run_checked(opts: &Options) -> Report {
         let now = ns(sim.elapsed());
         if opts.nemesis {
             nemesis.step(&mut sim, &nodes, opts.shards, now, &mut lock(&history));
+        }
+        if let Some((at, victim)) = replace {
+            if now >= at && !lock(&replacement).started {
+                lock(&replacement).started = true;
+                let spare = opts.nodes;
+                lock(&history).fault(
+                    now,
+                    format_args!(
+                        "replace {} by {} (admin: add {}, then remove {})",
+                        nodes[victim].name,
+                        nodes[spare].name,
+                        nodes[spare].name,
+                        nodes[victim].name
+                    ),
+                );
+                sim.client(
+                    "admin",
+                    membership::replace(
+                        nodes.clone(),
+                        opts.nodes,
+                        victim,
+                        spare,
+                        replacement.clone(),
+                        history.clone(),
+                    ),
+                );
+            }
         }
         while script.peek().is_some_and(|s| ns(s.at) <= now) {
             if let Some(s) = script.next() {
@@ -541,9 +600,19 @@ fn run_checked(opts: &Options) -> Report {
     nemesis.heal(&mut sim, &nodes, healed_at, &mut lock(&history));
     let mut live = check_live::Liveness::default();
     let within = ns(opts.heal_within);
+    // The members as the replacement leaves them (all nodes without it): once its changes
+    // are through, they must agree on every shard's leader.
+    let members = |r: &membership::Replacement| {
+        if opts.membership_faults {
+            membership::members(&nodes, opts.nodes, r)
+        } else {
+            nodes.clone()
+        }
+    };
     if alive {
         while ns(sim.elapsed()) - healed_at <= within {
-            if leaders_agree(&nodes, opts.shards) {
+            let r = lock(&replacement).clone();
+            if (!r.started || r.done) && leaders_agree(&members(&r), opts.shards) {
                 live.leaders_after = Some(ns(sim.elapsed()) - healed_at);
                 break;
             }
@@ -559,12 +628,13 @@ fn run_checked(opts: &Options) -> Report {
     // 3. One under-limit check per shard, retried until admitted or out of time.
     let admitted: Arc<Mutex<Vec<Option<u64>>>> =
         Arc::new(Mutex::new(vec![None; opts.shards as usize]));
+    let members = members(&lock(&replacement));
     if alive {
         sim.client(
             "probe",
             probe(
                 opts.clone(),
-                nodes.clone(),
+                members.clone(),
                 admitted.clone(),
                 healed_at,
                 healed_at + within,
@@ -587,7 +657,7 @@ fn run_checked(opts: &Options) -> Report {
     // answer given just before the probe finished may sit in an entry still lingering or in
     // flight, which the replicas agree without (seed 50110 with the fallback clients ended
     // 1 ms after such an answer, and `check_fast` counted it lost).
-    let mut final_digests = digests(&nodes);
+    let mut final_digests = digests(&members);
     if alive {
         let settled = ns(sim.elapsed()) + SETTLE;
         while alive && ns(sim.elapsed()) < settled {
@@ -597,8 +667,8 @@ fn run_checked(opts: &Options) -> Report {
     if alive {
         let until = ns(sim.elapsed()) + ns(opts.heal_within);
         while ns(sim.elapsed()) < until {
-            final_digests = digests(&nodes);
-            let caught_up = final_digests.len() == nodes.len()
+            final_digests = digests(&members);
+            let caught_up = final_digests.len() == members.len()
                 && final_digests.windows(2).all(|w| w[0].1 == w[1].1);
             if caught_up {
                 break;
@@ -611,7 +681,27 @@ fn run_checked(opts: &Options) -> Report {
             }
         }
     }
+    if alive && opts.membership_faults {
+        violations.extend(membership::check_voters(
+            &members,
+            &lock(&replacement),
+            &nodes,
+        ));
+    }
     let simulated = sim.elapsed();
+    let replaced = {
+        let r = lock(&replacement);
+        if r.started && !r.done && alive {
+            violations.push(format!(
+                "the replacement of a member was not through {} s after healing (added: {}, \
+                 removed: {:?})",
+                history::secs(ns(simulated).saturating_sub(healed_at)),
+                r.added,
+                r.removed.map(|i| nodes[i].name.clone())
+            ));
+        }
+        r.done
+    };
     // Stop every host before the directory goes (their runtimes hold its files).
     drop(sim);
     for n in &nodes {
@@ -717,6 +807,7 @@ fn run_checked(opts: &Options) -> Report {
         faults: history.faults,
         handovers: history.handovers,
         handovers_failed: history.handovers_failed,
+        replaced: u64::from(replaced),
         fast_excess,
         violations,
         history,

@@ -29,6 +29,8 @@ pub struct SeedResult {
     pub handovers: u64,
     #[serde(default)]
     pub handovers_failed: u64,
+    #[serde(default)]
+    pub replaced: u64,
     pub fast_excess: u64,
     pub violations: Vec<String>,
 }
@@ -42,6 +44,7 @@ impl SeedResult {
             faults: r.faults,
             handovers: r.handovers,
             handovers_failed: r.handovers_failed,
+            replaced: r.replaced,
             fast_excess: r.fast_excess,
             violations: r.violations.clone(),
         }
@@ -57,6 +60,7 @@ pub struct Sweep {
     pub faults: u64,
     pub handovers: u64,
     pub handovers_failed: u64,
+    pub replaced: u64,
     pub fast_excess: u64,
     /// Failing seeds and their violations, by seed.
     pub failing: Vec<(u64, Vec<String>)>,
@@ -224,6 +228,7 @@ impl Sweep {
         self.faults += r.faults;
         self.handovers += r.handovers;
         self.handovers_failed += r.handovers_failed;
+        self.replaced += r.replaced;
         self.fast_excess += r.fast_excess;
         let o = &mut self.ops;
         o.invoked += r.ops.invoked;
@@ -291,6 +296,13 @@ impl Sweep {
              the log (within bound): {}",
             self.faults, self.handovers, self.handovers_failed, self.fast_excess
         );
+        if self.replaced > 0 {
+            let _ = writeln!(
+                t,
+                "members replaced through the admin API (a node added, then a member removed): {}",
+                self.replaced
+            );
+        }
         let violations: usize = self.failing.iter().map(|f| f.1.len()).sum();
         let _ = writeln!(
             t,
