@@ -1276,6 +1276,19 @@ async fn a_node_added_at_runtime_serves_and_a_removed_node_leaves() {
         led,
         "node 1 did not hand over each shard it led"
     );
+    // Still running, node 1 is outside every shard: it forwards a check to the shard's
+    // leader it last heard of (the one it handed the shard to, or the leader then), and the
+    // check is decided there (`small` denies when its shard cannot decide in time: an
+    // admission is the leader's).
+    let through_removed = first.check(&[("small", "r", 1)], None).await.unwrap();
+    assert!(
+        through_removed.allowed && !through_removed.items[0].fallback,
+        "{through_removed:?}"
+    );
+    assert_eq!(
+        remaining(&client(cluster.members[1].resp), "small", "r").await,
+        39
+    );
     blocking(|| {
         cluster.stop(0);
         cluster.wait_ready(Duration::from_secs(30));
