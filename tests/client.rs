@@ -382,23 +382,7 @@ async fn every_node_down_is_one_connect_error_naming_each() {
 /// never to another one, where it would be spent twice.
 #[tokio::test]
 async fn a_request_the_node_read_then_dropped_is_not_sent_to_another_node() {
-    // The first node answers one PING on one connection, then reads the next request,
-    // closes the connection and stops listening.
-    let listener = TcpListener::bind("127.0.0.1:0".parse().unwrap())
-        .await
-        .unwrap();
-    let first = listener.local_addr().unwrap();
-    tokio::spawn(async move {
-        let mut listener = listener;
-        let (mut s, _) = listener.accept().await.unwrap();
-        drop(listener);
-        let mut buf = vec![0u8; 1024];
-        let _ = s.read(&mut buf).await;
-        tokio::io::AsyncWriteExt::write_all(&mut s, b"+PONG\r\n")
-            .await
-            .unwrap();
-        let _ = s.read(&mut buf).await;
-    });
+    let first = answers_a_ping_then_drops_the_next_request().await;
     let second = node(|_| {}).await;
     let c = client_of(
         &[first, second],
@@ -414,6 +398,60 @@ async fn a_request_the_node_read_then_dropped_is_not_sent_to_another_node() {
         .await
         .unwrap();
     assert_eq!(peek.remaining, 16);
+}
+
+/// A node that answers one PING on one connection, then reads the next request, closes
+/// the connection without an answer and stops listening (it crashed after reading it).
+async fn answers_a_ping_then_drops_the_next_request() -> SocketAddr {
+    let listener = TcpListener::bind("127.0.0.1:0".parse().unwrap())
+        .await
+        .unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(async move {
+        let mut listener = listener;
+        let (mut s, _) = listener.accept().await.unwrap();
+        drop(listener);
+        let mut buf = vec![0u8; 1024];
+        let _ = s.read(&mut buf).await;
+        tokio::io::AsyncWriteExt::write_all(&mut s, b"+PONG\r\n")
+            .await
+            .unwrap();
+        let _ = s.read(&mut buf).await;
+    });
+    addr
+}
+
+/// The other side: a check with a request id that a node read and dropped goes on to the
+/// next node within the same call, since a cluster answers a repeated id with its first
+/// answer whichever member is asked. A check without an id does not, also one of a limit
+/// named `ID`, the id keyword's name (as `CL.THROTTLE` above).
+#[tokio::test]
+async fn a_check_with_a_request_id_the_node_read_then_dropped_goes_to_the_next_node() {
+    let second = node(|_| {}).await;
+    let first = answers_a_ping_then_drops_the_next_request().await;
+    let c = client_of(
+        &[first, second],
+        Duration::from_secs(2),
+        Duration::from_secs(30),
+    );
+    c.ping().await.unwrap();
+    let a = c
+        .check(&[("login", "alice", 1)], Some("r-1"))
+        .await
+        .unwrap();
+    assert!(a.allowed, "{a:?}");
+    let peek = client(second, 1).peek("login", "alice").await.unwrap();
+    assert_eq!(peek.items[0].remaining, 4, "decided on the second node");
+
+    let first = answers_a_ping_then_drops_the_next_request().await;
+    let c = client_of(
+        &[first, second],
+        Duration::from_secs(2),
+        Duration::from_secs(30),
+    );
+    c.ping().await.unwrap();
+    let e = c.check(&[("ID", "alice", 1)], None).await.unwrap_err();
+    assert!(matches!(e, ClientError::Io(_)), "{e:?}");
 }
 
 #[tokio::test]

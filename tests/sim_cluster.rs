@@ -15,7 +15,7 @@ use std::time::Duration;
 
 /// Seeds in the sweep (per test; four tests share the sweep so both cores work, a fifth runs
 /// 6 seeds at 30 clients, a sixth 4 with failover clients and seed 6 both ways, and a
-/// seventh 6 with quick restarts, an eighth 3 with retrying clients, and 3 each amid handovers and with a member replaced; `.ci/run` adds 250 seeds on the release build, where a seed runs ~5x faster; each seed
+/// seventh 6 with quick restarts, an eighth 3 with retrying clients, and 3 each amid handovers and with a member replaced; `.ci/run` adds 310 seeds on the release build, where a seed runs ~5x faster; each seed
 /// runs in a `quorate` process of its own, so a failing seed's printed command replays
 /// exactly its run). Override with QUORATE_SIM_SEEDS (per test) for a longer local run.
 fn seeds_per_part() -> u64 {
@@ -128,7 +128,7 @@ fn sweep_under_heavy_fast_load_finds_no_violation() {
 /// In seed 6 a failover client's pooled connection to a node closes under a call (the
 /// heal), and the node it goes back to is crashed at that instant: its connect does not
 /// fail, it times out. Every check here has a request id, so the client gives that node a
-/// share of the time left and then sends the check to the next member (`resendable` in
+/// share of the time left and then sends the check to the next member (`Resend` in
 /// src/client/mod.rs). A client that waited on the crashed node lost that call at its
 /// deadline, as it lost 1-5 calls in seeds 5, 10, 11, 13, 15, 16 and 19 (none now).
 #[test]

@@ -3,9 +3,10 @@
 //! `nodes + 1`); once in a run the nemesis starts an "admin" client that sends
 //! `POST /v1/admin/members` through the members' own HTTP API: first the add of the spare,
 //! then the remove of a member (the victim), each sent again, through the next member other
-//! than the victim, until it is answered 200 (both are idempotent: an add of a voter and a
-//! remove of a non-member change nothing). The removed node keeps running, outside every
-//! shard; the checks after healing take the members as the changes left them.
+//! than the victim, until it is answered 200 (an add sent again resumes or finds the node a
+//! voter; a remove sent again after one that went through unanswered is refused with "is
+//! not a member", taken as done). The removed node keeps running, outside every shard; the
+//! checks after healing take the members as the changes left them.
 
 use super::history::History;
 use super::hosts::NodeHandle;
@@ -97,12 +98,14 @@ pub async fn replace(
         let mut attempt = 0usize;
         loop {
             let through = via[attempt % via.len()];
+            // Well within the checks' windows after healing: a call stuck on a crashed host
+            // must not outlast them (the next one resumes the change).
             let result = tokio::time::timeout(
-                Duration::from_secs(60),
+                Duration::from_secs(15),
                 post(nodes[through].http_addr(), "/v1/admin/members", &body),
             )
             .await
-            .unwrap_or_else(|_| Err("no answer within 60 s".into()));
+            .unwrap_or_else(|_| Err("no answer within 15 s".into()));
             let done = match &result {
                 Ok((200, _)) => true,
                 // A remove sent again after one that went through unanswered.

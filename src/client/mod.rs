@@ -303,25 +303,21 @@ impl On {
     }
 }
 
-/// A node at its connection cap says this before it closes a new connection unread.
-/// True for a request that may be sent again, to any member, when one took it and failed
-/// without an answer: a check with a request id (the cluster answers a repeated id with its
-/// first answer, whichever member is asked, as for [`Client::check_with_retry`]'s retries),
-/// and the commands that spend nothing (`PING`, `QR.PEEK`, `QR.ROUTES`). Not a check without
-/// an id, nor `CL.THROTTLE`: the member may have decided it before it failed, and a second
-/// member would spend it again.
-fn resendable(args: &[&[u8]]) -> bool {
-    match args {
-        [command, id, ..] if command.eq_ignore_ascii_case(b"QR.CHECK") => {
-            id.eq_ignore_ascii_case(b"ID")
-        }
-        [command, ..] => [&b"PING"[..], b"QR.PEEK", b"QR.ROUTES"]
-            .iter()
-            .any(|c| command.eq_ignore_ascii_case(c)),
-        [] => false,
-    }
+/// Where a request that a node took and failed to answer may be sent again, within its
+/// call, by a client of several nodes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Resend {
+    /// Only to the same node, on a fresh connection (the idle-close case): a check without
+    /// a request id, `CL.THROTTLE`. The node may have decided it before it failed, and a
+    /// second member would spend it again.
+    SameNode,
+    /// To any member: a check with a request id (the cluster answers a repeated id with its
+    /// first answer, whichever member is asked, as for [`Client::check_with_retry`]'s
+    /// retries), and the commands that spend nothing (`PING`, `QR.PEEK`, `QR.ROUTES`).
+    AnyMember,
 }
 
+/// A node at its connection cap says this before it closes a new connection unread.
 fn is_full(frame: &Frame) -> bool {
     let full = crate::api::resp::server::MAX_CLIENTS_REPLY
         .strip_prefix(b"-")
@@ -450,14 +446,22 @@ impl<C: Connector> Client<C> {
         let route = items
             .first()
             .map(|&(limit, key, _)| RouteKey::Named { limit, key });
-        resp::check_answer(self.routed(route).call(&args).await?)
+        let resend = if request_id.is_some() {
+            Resend::AnyMember
+        } else {
+            Resend::SameNode
+        };
+        resp::check_answer(self.routed(route).call(&args, resend).await?)
     }
 
     /// What a check of cost 0 would say, spending nothing (`QR.PEEK`).
     pub async fn peek(&self, limit: &str, key: &str) -> Result<CheckAnswer, ClientError> {
         resp::check_answer(
             self.routed(Some(RouteKey::Named { limit, key }))
-                .call(&[b"QR.PEEK", limit.as_bytes(), key.as_bytes()])
+                .call(
+                    &[b"QR.PEEK", limit.as_bytes(), key.as_bytes()],
+                    Resend::AnyMember,
+                )
                 .await?,
         )
     }
@@ -477,12 +481,20 @@ impl<C: Connector> Client<C> {
         args.extend(nums.iter().map(|n| n.as_bytes()));
         let limit = crate::api::resp::command::throttle_limit(max_burst, count, period_secs);
         let route = RouteKey::Inline { limit, key };
-        resp::throttle_answer(self.routed(Some(route)).call(&args).await?)
+        resp::throttle_answer(
+            self.routed(Some(route))
+                .call(&args, Resend::SameNode)
+                .await?,
+        )
     }
 
     /// `PING`: true when the node answered `PONG`.
     pub async fn ping(&self) -> Result<(), ClientError> {
-        match self.routed(None).call(&[b"PING"]).await? {
+        match self
+            .routed(None)
+            .call(&[b"PING"], Resend::AnyMember)
+            .await?
+        {
             Frame::Simple(s) if s == "PONG" => Ok(()),
             Frame::Error(m) => Err(resp::server_error(m)),
             other => Err(ClientError::Protocol(format!(
@@ -575,13 +587,15 @@ impl<C: Connector> Client<C> {
     /// for the reply) and has been for half the timeout, that node is marked down; a call
     /// the caller drops marks nothing, nor does one that spent its time waiting for a pooled
     /// connection.
-    async fn call(&self, args: &[&[u8]]) -> Result<Frame, ClientError> {
+    async fn call(&self, args: &[&[u8]], resend: Resend) -> Result<Frame, ClientError> {
         let timeout = self.shared.config.timeout;
         // A timeout too long for the clock is as good as none (about 30 years).
         let budget = timeout.min(Duration::from_secs(1 << 30));
         let deadline = runtime_now() + budget;
         let on = On::default();
-        match tokio::time::timeout_at(deadline, self.call_untimed(args, deadline, &on)).await {
+        match tokio::time::timeout_at(deadline, self.call_untimed(args, resend, deadline, &on))
+            .await
+        {
             Ok(Ok(frame)) if is_full(&frame) => Err(ClientError::Unavailable(
                 "the node is at its connection cap (max number of clients reached)".into(),
             )),
@@ -601,6 +615,7 @@ impl<C: Connector> Client<C> {
     async fn call_untimed(
         &self,
         args: &[&[u8]],
+        resend: Resend,
         deadline: Instant,
         on: &On,
     ) -> Result<Frame, ClientError> {
@@ -614,10 +629,10 @@ impl<C: Connector> Client<C> {
             Some(p) => p,
             None => self.connect(shared.order(), deadline, on).await?,
         };
-        let fresh = !pooled.conn.used;
+        let mut fresh = !pooled.conn.used;
         // A request that may be sent again to another node: one the cluster answers the same
-        // whichever member gets it, however often (see `resendable`).
-        let anywhere = shared.nodes.len() > 1 && resendable(args);
+        // whichever member gets it, however often (see `Resend`).
+        let anywhere = shared.nodes.len() > 1 && resend == Resend::AnyMember;
         on.set(shared, pooled.node);
         let mut moved = false;
         let mut result = match pooled.conn.call(args).await {
@@ -639,6 +654,7 @@ impl<C: Connector> Client<C> {
                     .await
                     .map_err(|e| ClientError::Io(format!("{first}; reconnecting failed: {e}")))?;
                 moved = pooled.node != node;
+                fresh = true;
                 pooled.conn.call(args).await
             }
             other => other,
@@ -651,6 +667,7 @@ impl<C: Connector> Client<C> {
             let others = shared.order().into_iter().filter(|&i| i != node).collect();
             if let Ok(p) = self.connect(others, deadline, on).await {
                 pooled = p;
+                fresh = true;
                 result = pooled.conn.call(args).await;
             }
         }
@@ -796,31 +813,6 @@ impl<C: Connector> Client<C> {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    /// Only what the cluster answers the same however often and wherever it is sent may
-    /// go to a second member after the first took it and failed.
-    #[test]
-    fn only_checks_with_an_id_and_commands_that_spend_nothing_are_resent_elsewhere() {
-        let yes: [&[&[u8]]; 5] = [
-            &[b"QR.CHECK", b"ID", b"r1", b"api", b"k", b"1"],
-            &[b"qr.check", b"id", b"r1", b"api", b"k", b"1"],
-            &[b"PING"],
-            &[b"QR.PEEK", b"api", b"k"],
-            &[b"QR.ROUTES"],
-        ];
-        let no: [&[&[u8]]; 4] = [
-            &[b"QR.CHECK", b"api", b"k", b"1"],
-            &[b"CL.THROTTLE", b"k", b"15", b"30", b"60", b"1"],
-            &[b"QR.CHECK"],
-            &[],
-        ];
-        for args in yes {
-            assert!(resendable(args), "{args:?}");
-        }
-        for args in no {
-            assert!(!resendable(args), "{args:?}");
-        }
-    }
 
     /// A refresh task dropped before it ran (its runtime shut down) still ends the refresh:
     /// else routing would never refresh again for the client's life.

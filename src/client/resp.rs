@@ -41,10 +41,13 @@ pub(super) enum CallError {
 }
 
 impl CallError {
-    /// The request may have reached the node, which gave no answer: the connection closed or
-    /// failed. (A malformed answer is an answer.)
+    /// The request may have reached the node, which gave no answer: the connection closed,
+    /// failed or cut the reply off. (A malformed answer is an answer.)
     pub(super) fn unanswered(&self) -> bool {
-        !matches!(self, CallError::Other(ClientError::Protocol(_)))
+        matches!(
+            self,
+            CallError::ClosedBeforeReply(_) | CallError::Other(ClientError::Io(_))
+        )
     }
 }
 

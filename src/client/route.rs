@@ -209,7 +209,9 @@ const PROBE_FLOOR: Duration = Duration::from_millis(250);
 
 /// Asks every probe for its node's routes at once; the answers, by index.
 pub(super) async fn ask<C: Connector>(probes: &[Client<C>]) -> Vec<(usize, Routes)> {
-    let asks = probes.iter().map(|p| p.call(&[b"QR.ROUTES"]));
+    let asks = probes
+        .iter()
+        .map(|p| p.call(&[b"QR.ROUTES"], super::Resend::AnyMember));
     let replies = futures::future::join_all(asks).await;
     let mut answers = Vec::new();
     for (i, reply) in replies.into_iter().enumerate() {
