@@ -382,14 +382,8 @@ async fn every_node_down_is_one_connect_error_naming_each() {
 /// never to another one, where it would be spent twice.
 #[tokio::test]
 async fn a_request_the_node_read_then_dropped_is_not_sent_to_another_node() {
-    let first = answers_a_ping_then_drops_the_next_request().await;
     let second = node(|_| {}).await;
-    let c = client_of(
-        &[first, second],
-        Duration::from_secs(2),
-        Duration::from_secs(30),
-    );
-    c.ping().await.unwrap();
+    let c = through_a_node_that_drops_its_next_request(second).await;
     let e = c.throttle("twice", 15, 30, 60, 1).await.unwrap_err();
     assert!(matches!(e, ClientError::Io(_)), "{e:?}");
     // Nothing was spent on the second node.
@@ -400,9 +394,11 @@ async fn a_request_the_node_read_then_dropped_is_not_sent_to_another_node() {
     assert_eq!(peek.remaining, 16);
 }
 
-/// A node that answers one PING on one connection, then reads the next request, closes
-/// the connection without an answer and stops listening (it crashed after reading it).
-async fn answers_a_ping_then_drops_the_next_request() -> SocketAddr {
+/// A client of two nodes, `second` and before it one that answers one PING on one
+/// connection (which the client has pooled: the PING is sent here), then reads the next
+/// request, closes the connection without an answer and stops listening (it crashed after
+/// reading it).
+async fn through_a_node_that_drops_its_next_request(second: SocketAddr) -> Client {
     let listener = TcpListener::bind("127.0.0.1:0".parse().unwrap())
         .await
         .unwrap();
@@ -418,7 +414,13 @@ async fn answers_a_ping_then_drops_the_next_request() -> SocketAddr {
             .unwrap();
         let _ = s.read(&mut buf).await;
     });
-    addr
+    let c = client_of(
+        &[addr, second],
+        Duration::from_secs(2),
+        Duration::from_secs(30),
+    );
+    c.ping().await.unwrap();
+    c
 }
 
 /// The other side: a check with a request id that a node read and dropped goes on to the
@@ -428,13 +430,7 @@ async fn answers_a_ping_then_drops_the_next_request() -> SocketAddr {
 #[tokio::test]
 async fn a_check_with_a_request_id_the_node_read_then_dropped_goes_to_the_next_node() {
     let second = node(|_| {}).await;
-    let first = answers_a_ping_then_drops_the_next_request().await;
-    let c = client_of(
-        &[first, second],
-        Duration::from_secs(2),
-        Duration::from_secs(30),
-    );
-    c.ping().await.unwrap();
+    let c = through_a_node_that_drops_its_next_request(second).await;
     let a = c
         .check(&[("login", "alice", 1)], Some("r-1"))
         .await
@@ -443,13 +439,7 @@ async fn a_check_with_a_request_id_the_node_read_then_dropped_goes_to_the_next_n
     let peek = client(second, 1).peek("login", "alice").await.unwrap();
     assert_eq!(peek.items[0].remaining, 4, "decided on the second node");
 
-    let first = answers_a_ping_then_drops_the_next_request().await;
-    let c = client_of(
-        &[first, second],
-        Duration::from_secs(2),
-        Duration::from_secs(30),
-    );
-    c.ping().await.unwrap();
+    let c = through_a_node_that_drops_its_next_request(second).await;
     let e = c.check(&[("ID", "alice", 1)], None).await.unwrap_err();
     assert!(matches!(e, ClientError::Io(_)), "{e:?}");
 }

@@ -604,13 +604,7 @@ fn run_checked(opts: &Options) -> Report {
     let within = ns(opts.heal_within);
     // The members as the replacement leaves them (all nodes without it): once its changes
     // are through, they must agree on every shard's leader.
-    let members = |r: &membership::Replacement| {
-        if opts.membership_faults {
-            membership::members(&nodes, opts.nodes, r)
-        } else {
-            nodes.clone()
-        }
-    };
+    let members = |r: &membership::Replacement| membership::members(&nodes, opts.nodes, r);
     if alive {
         while ns(sim.elapsed()) - healed_at <= within {
             let r = lock(&replacement).clone();

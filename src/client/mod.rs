@@ -361,6 +361,11 @@ impl<C: Connector> Shared<C> {
         up
     }
 
+    /// [`Shared::order`] without node `i`: where a call goes next after `i`.
+    fn order_without(&self, i: usize) -> Vec<usize> {
+        self.order().into_iter().filter(|&n| n != i).collect()
+    }
+
     /// True when `p` should be replaced: it goes to a node after the first one up and is
     /// `failback_after` old.
     fn fails_back(&self, p: &Pooled<C::Conn>) -> bool {
@@ -647,7 +652,7 @@ impl<C: Connector> Client<C> {
                 let node = pooled.node;
                 let mut nodes = vec![node];
                 if anywhere {
-                    nodes.extend(shared.order().into_iter().filter(|&i| i != node));
+                    nodes.extend(shared.order_without(node));
                 }
                 pooled = self
                     .connect(nodes, deadline, on)
@@ -662,10 +667,11 @@ impl<C: Connector> Client<C> {
         if anywhere && !moved && matches!(&result, Err(e) if e.unanswered()) {
             // The node took the request and failed without an answer (reset, closed): it is
             // passed over, and the request goes once to the next node up that accepts.
-            let node = pooled.node;
-            shared.mark_down(node);
-            let others = shared.order().into_iter().filter(|&i| i != node).collect();
-            if let Ok(p) = self.connect(others, deadline, on).await {
+            shared.mark_down(pooled.node);
+            if let Ok(p) = self
+                .connect(shared.order_without(pooled.node), deadline, on)
+                .await
+            {
                 pooled = p;
                 fresh = true;
                 result = pooled.conn.call(args).await;
@@ -675,12 +681,10 @@ impl<C: Connector> Client<C> {
             // A node at its connection cap answers a new connection with this and closes it
             // unread: nothing was decided, so the next node up may take the request. (The
             // node is not marked down: the client's other connections to it are fine.)
-            let others = shared
-                .order()
-                .into_iter()
-                .filter(|&i| i != pooled.node)
-                .collect();
-            if let Ok(p) = self.connect(others, deadline, on).await {
+            if let Ok(p) = self
+                .connect(shared.order_without(pooled.node), deadline, on)
+                .await
+            {
                 pooled = p;
                 result = pooled.conn.call(args).await;
             }
