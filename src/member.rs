@@ -380,9 +380,9 @@ pub async fn start<P: Listener, C: Connector>(
         }
     });
     let handled = cluster.clone();
-    let handler: crate::peer::Handler = Arc::new(move |_from, body| {
+    let handler: crate::peer::Handler = Arc::new(move |from, body| {
         let cluster = handled.clone();
-        Box::pin(async move { Ok(cluster.handle(&body).await) })
+        Box::pin(async move { Ok(cluster.handle(from, &body).await) })
     });
     let server = tokio::spawn(crate::peer::serve(
         peer,

@@ -444,6 +444,77 @@ async fn a_check_with_a_request_id_the_node_read_then_dropped_goes_to_the_next_n
     assert!(matches!(e, ClientError::Io(_)), "{e:?}");
 }
 
+/// A node removed from its cluster answers PING, and every other request with
+/// `-NOTMEMBER` (as `quorate node` does once it knows of its removal).
+async fn removed_node() -> SocketAddr {
+    let listener = TcpListener::bind("127.0.0.1:0".parse().unwrap())
+        .await
+        .unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(async move {
+        let mut listener = listener;
+        while let Ok((mut s, _)) = listener.accept().await {
+            tokio::spawn(async move {
+                let mut buf = vec![0u8; 1024];
+                while let Ok(n @ 1..) = s.read(&mut buf).await {
+                    let reply: &[u8] = if buf[..n].windows(4).any(|w| w == b"PING") {
+                        b"+PONG\r\n"
+                    } else {
+                        b"-NOTMEMBER this node was removed from the cluster (shard 0): send to a member\r\n"
+                    };
+                    if tokio::io::AsyncWriteExt::write_all(&mut s, reply)
+                        .await
+                        .is_err()
+                    {
+                        break;
+                    }
+                }
+            });
+        }
+    });
+    addr
+}
+
+/// A removed node's refusal: the node is passed over; a check with a request id goes on
+/// to the next node within the call, one without is answered with the error (it could
+/// have been decided in part) and the next call goes to the next node.
+#[tokio::test]
+async fn a_removed_node_is_passed_over() {
+    let (removed, second) = (removed_node().await, node(|_| {}).await);
+    let of_both = || {
+        client_of(
+            &[removed, second],
+            Duration::from_secs(2),
+            Duration::from_secs(30),
+        )
+    };
+    let c = of_both();
+    c.ping().await.unwrap();
+    let a = c
+        .check(&[("login", "alice", 1)], Some("r-1"))
+        .await
+        .unwrap();
+    assert!(a.allowed, "{a:?}");
+    let peek = client(second, 1).peek("login", "alice").await.unwrap();
+    assert_eq!(peek.items[0].remaining, 4, "decided on the second node");
+
+    let c = of_both();
+    c.ping().await.unwrap();
+    let e = c.check(&[("login", "bob", 1)], None).await.unwrap_err();
+    assert!(
+        matches!(&e, ClientError::NotMember(m) if m.contains("removed")) && e.is_retryable(),
+        "{e:?}"
+    );
+    let b = c.check(&[("login", "bob", 1)], None).await.unwrap();
+    assert_eq!(b.items[0].remaining, 4, "{b:?}");
+    // A client of that node alone gets the error, every time.
+    let alone = client(removed, 1);
+    for _ in 0..2 {
+        let e = alone.check(&[("login", "carol", 1)], Some("r-2")).await;
+        assert!(matches!(e, Err(ClientError::NotMember(_))), "{e:?}");
+    }
+}
+
 #[tokio::test]
 async fn a_node_at_its_connection_cap_passes_the_call_to_the_next() {
     let first = node(|c| c.max_connections = 1).await;

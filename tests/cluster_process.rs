@@ -10,7 +10,7 @@
 mod cluster_support;
 
 use cluster_support::{http_within, Cluster, SIGCONT, SIGSTOP};
-use quorate::client::{Client, ClientConfig, Wait};
+use quorate::client::{Client, ClientConfig, ClientError, Wait};
 use quorate::shard::route::shard_of;
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -1283,18 +1283,51 @@ async fn a_node_added_at_runtime_serves_and_a_removed_node_leaves() {
         led,
         "node 1 did not hand over each shard it led"
     );
-    // Still running, node 1 is outside every shard: it forwards a check to the shard's
-    // leader it last heard of (the one it handed the shard to, or the leader then), and the
-    // check is decided there (`small` denies when its shard cannot decide in time: an
-    // admission is the leader's).
-    let through_removed = first.check(&[("small", "r", 1)], None).await.unwrap();
+    // Still running, node 1 is outside every shard. It forwards a check to the shard's
+    // leader it last heard of, where it is decided (`small` denies when its shard cannot
+    // decide in time: an admission is the leader's), until it learns that it is out: once
+    // it hears from no leader it campaigns, and the members refuse its votes. From then on
+    // it refuses the shard's checks (`NOTMEMBER`), spending nothing.
+    let mut admitted = 0;
+    let started = Instant::now();
+    let refused = loop {
+        match first.check(&[("small", "r", 1)], None).await {
+            Err(ClientError::NotMember(why)) => break why,
+            Ok(a) if a.allowed && !a.items[0].fallback => admitted += 1,
+            other => panic!("a check through the removed node: {other:?}"),
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(15),
+            "node 1 never refused: {admitted} admitted"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    assert!(refused.contains("removed from the cluster"), "{refused}");
+    // Every shard: node 1 says so in its status, and is no longer ready.
+    while blocking(|| group_field(&cluster, 0, "this_node_removed"))
+        != vec![serde_json::Value::Bool(true); SHARDS]
+    {
+        assert!(
+            started.elapsed() < Duration::from_secs(15),
+            "node 1 never learned of its removal from every shard: {:?}",
+            group_field(&cluster, 0, "this_node_removed")
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let http1 = cluster.members[0].http;
+    let ready = blocking(|| cluster_support::http(http1, "GET", "/readyz", ""));
+    assert!(ready.starts_with("HTTP/1.1 503"), "{ready}");
+    let http = blocking(|| {
+        let body = r#"{"checks": [{"limit": "small", "key": "r"}]}"#;
+        cluster_support::http(http1, "POST", "/v1/check", body)
+    });
     assert!(
-        through_removed.allowed && !through_removed.items[0].fallback,
-        "{through_removed:?}"
+        http.starts_with("HTTP/1.1 503") && http.contains("not_member"),
+        "{http}"
     );
     assert_eq!(
         remaining(&client(cluster.members[1].resp), "small", "r").await,
-        39
+        40 - admitted
     );
     blocking(|| {
         cluster.stop(0);

@@ -142,6 +142,23 @@ pub async fn replace(
     Ok(())
 }
 
+/// The shards that the removed node, if the replacement went through and it runs, does not
+/// know it was removed from (it would answer their checks by forwarding, or by
+/// `on_unavailable` once its view is stale, instead of refusing them).
+pub fn unaware_of_removal(r: &Replacement, nodes: &[Arc<NodeHandle>]) -> Vec<crate::raft::GroupId> {
+    let Some(i) = r.removed.filter(|_| r.done) else {
+        return Vec::new();
+    };
+    let Some(c) = nodes[i].service().and_then(|s| s.cluster().cloned()) else {
+        return Vec::new();
+    };
+    c.status_with(false)
+        .iter()
+        .filter(|g| !g.this_node_removed)
+        .map(|g| g.shard)
+        .collect()
+}
+
 /// Once healed and caught up: every member sees every shard's voters as exactly the members
 /// (the spare a voter once added, no learner left behind, the removed node in no shard),
 /// and, once the remove went through, the removed id in each shard's history.

@@ -683,6 +683,23 @@ fn run_checked(opts: &Options) -> Report {
             &lock(&replacement),
             &nodes,
         ));
+        // The removed node, still running, learns that it is out of every shard (a member
+        // refuses its votes, or it applies its removal), and so refuses their checks.
+        let until = ns(sim.elapsed()) + ns(opts.heal_within);
+        let mut unaware = membership::unaware_of_removal(&lock(&replacement), &nodes);
+        while alive && !unaware.is_empty() && ns(sim.elapsed()) < until {
+            for _ in 0..50 {
+                alive = alive && step(&mut sim, &mut violations);
+            }
+            unaware = membership::unaware_of_removal(&lock(&replacement), &nodes);
+        }
+        if alive && !unaware.is_empty() {
+            violations.push(format!(
+                "the removed node does not know it was removed from shards {unaware:?} {} s \
+                 after the caught-up replicas were compared",
+                history::secs(ns(opts.heal_within))
+            ));
+        }
     }
     let simulated = sim.elapsed();
     let replaced = {

@@ -143,7 +143,11 @@ pub fn render(v: &serde_json::Value) -> String {
         out.push_str(&format!(
             "{:>5}  {:<9}  {:>6}  {:>4}  {:>8}  {:>6}  {:>7}  {:>4}  {:<11}  {}\n",
             n(&g["shard"]),
-            g["state"].as_str().unwrap_or("?"),
+            if g["this_node_removed"] == true {
+                "removed"
+            } else {
+                g["state"].as_str().unwrap_or("?")
+            },
             leader,
             n(&g["term"]),
             n(&g["last_log_index"]),

@@ -158,6 +158,10 @@ pub enum ClientError {
     /// The node cannot decide now (`-TRYAGAIN`); a retry may succeed.
     #[error("node unavailable: {0}")]
     Unavailable(String),
+    /// The node was removed from its cluster (`-NOTMEMBER`): it decides no check any more.
+    /// A client of several nodes passes it over; a retry goes to another node.
+    #[error("not a cluster member: {0}")]
+    NotMember(String),
 }
 
 impl ClientError {
@@ -169,6 +173,7 @@ impl ClientError {
                 | ClientError::Io(_)
                 | ClientError::Timeout(_)
                 | ClientError::Unavailable(_)
+                | ClientError::NotMember(_)
         )
     }
 }
@@ -318,6 +323,12 @@ enum Resend {
 }
 
 /// A node at its connection cap says this before it closes a new connection unread.
+/// A removed node's refusal (`-NOTMEMBER ...`).
+fn is_not_member(frame: &Frame) -> bool {
+    let code = crate::api::resp::reply::NOT_MEMBER;
+    matches!(frame, Frame::Error(m) if m.strip_prefix(code).is_some_and(|r| r.starts_with(' ')))
+}
+
 fn is_full(frame: &Frame) -> bool {
     let full = crate::api::resp::server::MAX_CLIENTS_REPLY
         .strip_prefix(b"-")
@@ -687,6 +698,22 @@ impl<C: Connector> Client<C> {
             {
                 pooled = p;
                 result = pooled.conn.call(args).await;
+            }
+        }
+        if shared.nodes.len() > 1 && matches!(&result, Ok((f, _)) if is_not_member(f)) {
+            // A node removed from the cluster refuses checks: it is passed over, and a
+            // request that may go anywhere goes once to the next node up. One that may not
+            // is answered with the error: a check of several items may have been decided
+            // in part by shards that had not refused it yet.
+            shared.mark_down(pooled.node);
+            if anywhere {
+                if let Ok(p) = self
+                    .connect(shared.order_without(pooled.node), deadline, on)
+                    .await
+                {
+                    pooled = p;
+                    result = pooled.conn.call(args).await;
+                }
             }
         }
         match result {

@@ -130,10 +130,18 @@ pub fn encode_request(args: &[&[u8]]) -> BytesMut {
     out
 }
 
-/// A server's error reply as a [`ClientError`]: `TRYAGAIN` is [`ClientError::Unavailable`].
+/// A server's error reply as a [`ClientError`]: `TRYAGAIN` is [`ClientError::Unavailable`],
+/// `NOTMEMBER` [`ClientError::NotMember`].
 pub fn server_error(message: String) -> ClientError {
-    match message.strip_prefix("TRYAGAIN ") {
-        Some(rest) => ClientError::Unavailable(rest.to_string()),
+    if let Some(rest) = message.strip_prefix("TRYAGAIN ") {
+        return ClientError::Unavailable(rest.to_string());
+    }
+    let not_member = crate::api::resp::reply::NOT_MEMBER;
+    match message
+        .strip_prefix(not_member)
+        .and_then(|r| r.strip_prefix(' '))
+    {
+        Some(rest) => ClientError::NotMember(rest.to_string()),
         None => ClientError::Server(message),
     }
 }
@@ -367,6 +375,15 @@ mod tests {
         assert!(matches!(
             throttle_answer(Frame::Error("ERR bad".into())),
             Err(ClientError::Server(m)) if m == "ERR bad"
+        ));
+        assert!(matches!(
+            check_answer(Frame::Error("NOTMEMBER removed".into())),
+            Err(ClientError::NotMember(m)) if m == "removed"
+        ));
+        // Only the code, followed by a space, is one.
+        assert!(matches!(
+            check_answer(Frame::Error("NOTMEMBERS x".into())),
+            Err(ClientError::Server(_))
         ));
     }
 

@@ -220,6 +220,11 @@ struct Group {
     handover_seq: AtomicU64,
     /// The term this node led when it last stopped (0: none).
     led_term_at_start: u64,
+    /// This node was removed from the group: a member refused its vote
+    /// ([`PeerResponse::Removed`]), or this replica applied the removal. From then on it
+    /// refuses the shard's checks ([`ShardError::Removed`]): it hears from no leader any
+    /// more, and would otherwise answer them with `on_unavailable` once its view is stale.
+    removed: Arc<super::rpc::Removal>,
 }
 
 /// A handover the proposer is to carry out: to whom, and where the outcome goes.
@@ -242,6 +247,9 @@ pub struct GroupStatus {
     /// Node ids removed from the group's membership, as this node's replica has applied
     /// them ([`MemberHistory`]): never given to a new member.
     pub removed: Vec<NodeId>,
+    /// This node was removed from the group (a member said so, or this replica applied
+    /// it): it refuses the shard's checks.
+    pub this_node_removed: bool,
     pub term: u64,
     pub last_log_index: u64,
     pub commit_index: u64,
@@ -355,14 +363,27 @@ impl Cluster {
                 Ok(_) => 0,
                 Err(e) => return Err(format!("shard {g}: cannot read the saved vote: {e}")),
             };
+            let removed = Arc::new(super::rpc::Removal::default());
             let network = super::rpc::GroupNetwork {
                 group: g,
                 transport: transport.clone(),
                 notice_delay: config.commit_notice_delay,
+                removed: removed.clone(),
             };
             let raft = Raft::new(config.node_id, raft_config.clone(), network, log, sm)
                 .await
                 .map_err(|e| format!("shard {g}: cannot start raft: {e}"))?;
+            {
+                // A removed node is out for good (ids are never given out again), and its
+                // campaigns can only do harm: a member that has not applied the removal yet
+                // takes the higher term, and then refuses its leader's appends (it falls
+                // behind for as long as the removed node runs).
+                let (raft, removed) = (raft.clone(), removed.clone());
+                tokio::spawn(async move {
+                    removed.learned().await;
+                    raft.runtime_config().elect(false);
+                });
+            }
             // A new cluster: the member a group prefers (the one at position g mod members,
             // as the rebalance loop reckons) starts it, and leads it from the outset, so no
             // leadership has to move after a start. The others start it only if it still
@@ -406,6 +427,7 @@ impl Cluster {
                 handover_asked: AtomicBool::new(false),
                 handover_seq: AtomicU64::new(0),
                 led_term_at_start: led_term,
+                removed,
             }));
         }
         let denials = DenialCache::new(config.denial_cache);
@@ -926,9 +948,12 @@ impl Cluster {
             .collect()
     }
 
-    /// True when every group has a leader this node knows of.
+    /// True when every group has a leader this node knows of, and this node was not
+    /// removed from any (a removed node refuses checks: a load balancer is to pass it over).
     pub fn ready(&self) -> bool {
-        self.groups.iter().all(|g| self.leader(g).is_some())
+        self.groups
+            .iter()
+            .all(|g| self.leader(g).is_some() && !self.knows_removed(g))
     }
 
     fn group(&self, shard: u32) -> &Arc<Group> {
@@ -948,6 +973,9 @@ impl Cluster {
     ) -> Result<Vec<Applied>, ShardError> {
         let group = self.group(shard).clone();
         let me = self.config.node_id;
+        if group.removed.is_known() {
+            return Err(ShardError::Removed(shard));
+        }
         let leader = self.leader(&group);
         // A denial this node learned from another node's leader, still in force, is given
         // again without asking (a leader uses its committed state instead, in its proposer).
@@ -1000,8 +1028,21 @@ impl Cluster {
         };
         match tokio::time::timeout(self.config.unavailable_after, attempt).await {
             Ok(Some(applied)) => Ok(applied),
+            // Nor does a node that learns of its removal only now answer `on_unavailable`.
+            _ if self.knows_removed(&group) => Err(ShardError::Removed(shard)),
             _ => Ok(self.fallback(&group, &commands)),
         }
+    }
+
+    /// Whether this node knows it was removed from `group`: a member refused its vote, or
+    /// this replica applied the removal (noted in `Group::removed` then). Takes the state's
+    /// lock: not for the checks' hot path, which reads `Group::removed` only.
+    fn knows_removed(&self, group: &Group) -> bool {
+        let me = self.config.node_id;
+        if lock(&group.info_state).members().removed.contains(&me) {
+            group.removed.learn(group.id, me);
+        }
+        group.removed.is_known()
     }
 
     async fn wait_for_leader(&self, group: &Group) -> Option<NodeId> {
@@ -1219,13 +1260,20 @@ impl Cluster {
     }
 
     /// Handles one peer request (from the peer transport's server).
-    pub async fn handle(&self, body: &[u8]) -> Vec<u8> {
+    pub async fn handle(&self, from: NodeId, body: &[u8]) -> Vec<u8> {
         let request: PeerRequest = match super::rpc::decode(body) {
             Ok(r) => r,
             Err(e) => return super::rpc::encode(&PeerResponse::Refused(e)),
         };
         let group = |g: GroupId| self.groups.get(g as usize).cloned();
+        // A node removed from a group runs on until it is stopped, and campaigns once it
+        // hears from no leader: its votes are refused, which tells it it is out (see
+        // `PeerResponse::Removed`). Until then, its forwarded checks are decided as any.
+        let removed = |g: GroupId| {
+            group(g).is_some_and(|gr| lock(&gr.info_state).members().removed.contains(&from))
+        };
         let response = match request {
+            PeerRequest::Vote { group: g, .. } if removed(g) => PeerResponse::Removed,
             PeerRequest::Append { group: g, rpc } => match group(g) {
                 Some(gr) => PeerResponse::Append(gr.raft.append_entries(rpc).await),
                 None => PeerResponse::Refused(format!("no shard {g}")),
@@ -1291,6 +1339,7 @@ impl Cluster {
                     .iter()
                     .copied()
                     .collect();
+                let this_node_removed = self.knows_removed(g);
                 GroupStatus {
                     shard: g.id,
                     state: format!("{:?}", m.state),
@@ -1298,6 +1347,7 @@ impl Cluster {
                     voters: m.membership_config.membership().voter_ids().collect(),
                     learners: m.membership_config.membership().learner_ids().collect(),
                     removed,
+                    this_node_removed,
                     term: m.current_term,
                     last_log_index: last,
                     commit_index: m.last_applied.map_or(0, |l| l.index),

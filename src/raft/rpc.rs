@@ -15,6 +15,7 @@ use openraft::raft::{
 };
 use openraft::{BasicNode, LogId, Vote};
 use serde::{Deserialize, Serialize};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
@@ -109,6 +110,10 @@ pub enum PeerResponse {
     /// `Err` when the receiver does not follow that leadership (or is not a voter, for
     /// `elect`).
     Handover(Result<(), String>),
+    /// To a vote request: the asker's id was removed from this group's membership (as the
+    /// answering replica has applied it), so the request was refused unread. Ids are never
+    /// given out again, so the asker is out for good.
+    Removed,
 }
 
 /// Largest message body decoded (a snapshot chunk or a log batch).
@@ -178,6 +183,42 @@ pub async fn ask<T: Transport + ?Sized>(
     decode(&body).map_err(|e| CallError::Failed(to, e))
 }
 
+/// Whether this node knows that it was removed from a group, and a wake-up for the task
+/// that then stops its elections there (see `Cluster::start`).
+#[derive(Debug, Default)]
+pub struct Removal {
+    known: AtomicBool,
+    learned: tokio::sync::Notify,
+}
+
+impl Removal {
+    pub fn is_known(&self) -> bool {
+        self.known.load(Ordering::Relaxed)
+    }
+
+    /// Records that this node is out of `group`, as `by` (a member that refused its vote
+    /// with [`PeerResponse::Removed`], or this node, having applied its removal) says
+    /// (logged once).
+    pub fn learn(&self, group: GroupId, by: NodeId) {
+        if !self.known.swap(true, Ordering::Relaxed) {
+            tracing::warn!(
+                shard = group,
+                by,
+                "this node was removed from the shard: it refuses the shard's checks"
+            );
+            self.learned.notify_one();
+        }
+    }
+
+    /// Returns once the removal is known.
+    pub async fn learned(&self) {
+        if !self.is_known() {
+            // `notify_one` leaves a permit when nobody waits yet.
+            self.learned.notified().await;
+        }
+    }
+}
+
 /// openraft's network for one group.
 #[derive(Clone)]
 pub struct GroupNetwork {
@@ -187,6 +228,9 @@ pub struct GroupNetwork {
     /// [`GroupLink::append_entries`]); zero sends every notice at once and awaits its answer,
     /// as openraft expects by default.
     pub notice_delay: Duration,
+    /// Learned when a member answers that this node was removed from the group
+    /// ([`PeerResponse::Removed`]).
+    pub removed: Arc<Removal>,
 }
 
 /// openraft's connection to one peer for one group. The transport multiplexes; the state is
@@ -196,6 +240,7 @@ pub struct GroupLink {
     target: NodeId,
     transport: SharedTransport,
     notice_delay: Duration,
+    removed: Arc<Removal>,
     /// The newest `leader_commit` this link has carried; `None` before its first call.
     carried: Option<Option<LogId<NodeId>>>,
     notices: Arc<Mutex<Notices>>,
@@ -227,6 +272,7 @@ impl RaftNetworkFactory<TypeConfig> for GroupNetwork {
             target,
             transport: self.transport.clone(),
             notice_delay: self.notice_delay,
+            removed: self.removed.clone(),
             carried: None,
             notices: Arc::default(),
         }
@@ -395,6 +441,12 @@ impl RaftNetwork<TypeConfig> for GroupLink {
             PeerResponse::Vote(Err(e)) => Err(RPCError::RemoteError(
                 openraft::error::RemoteError::new(self.target, e),
             )),
+            // A removed node campaigns when it hears from no leader: a member that has
+            // applied the removal refuses it, and so this node learns it is out.
+            PeerResponse::Removed => {
+                self.removed.learn(group, self.target);
+                Err(unexpected(self.target, PeerResponse::Removed))
+            }
             other => Err(unexpected(self.target, other)),
         }
     }
@@ -451,6 +503,7 @@ mod tests {
             group: 0,
             transport,
             notice_delay: delay,
+            removed: Arc::default(),
         };
         net.new_client(2, &BasicNode::new("127.0.0.1:1")).await
     }

@@ -344,7 +344,7 @@ impl Service {
         };
         let applied = match answer {
             Some(Ok(mut applied)) => applied.pop(),
-            Some(Err(e)) => return Err(CheckError::Unavailable(e.to_string())),
+            Some(Err(e)) => return Err(e.into()),
             None => return Err(CheckError::Unavailable(no_answer_within(timeout))),
         };
         let mut results = [applied];
@@ -464,8 +464,9 @@ impl Service {
                     }
                 }
                 Err(e) => {
+                    let e = CheckError::from(e);
                     for (r, _) in slots {
-                        answers[r] = Some(Err(CheckError::Unavailable(e.to_string())));
+                        answers[r] = Some(Err(e.clone()));
                     }
                 }
             }
@@ -778,7 +779,8 @@ impl Service {
     }
 
     /// True once the shards are running and accepting checks.
-    /// A cluster member is ready once every shard has a leader it knows of.
+    /// A cluster member is ready once every shard has a leader it knows of; a node removed
+    /// from the cluster is not.
     pub fn ready(&self) -> bool {
         match &self.inner.shards {
             Backend::Local(s) => s.count() > 0,

@@ -113,4 +113,20 @@ pub enum CheckError {
     /// The node cannot decide now (shutting down, shard restarting) (HTTP 503).
     #[error("unavailable: {0}")]
     Unavailable(String),
+    /// The node was removed from the cluster (from the shard of an item): it decides
+    /// nothing any more, and the caller is to use a member (HTTP 503, RESP `NOTMEMBER`).
+    #[error("{0}")]
+    NotMember(String),
+}
+
+impl From<crate::shard::actor::ShardError> for CheckError {
+    fn from(e: crate::shard::actor::ShardError) -> Self {
+        use crate::shard::actor::ShardError;
+        match e {
+            ShardError::Removed(_) => CheckError::NotMember(e.to_string()),
+            ShardError::Overloaded(_) | ShardError::Restarting(_) => {
+                CheckError::Unavailable(e.to_string())
+            }
+        }
+    }
 }

@@ -260,6 +260,10 @@ pub enum ShardError {
     Overloaded(u32),
     #[error("shard {0} is restarting")]
     Restarting(u32),
+    /// A cluster node that was removed from the shard's group: it decides nothing of it
+    /// any more, and its clients are to use the members.
+    #[error("this node was removed from the cluster (shard {0}): send to a member")]
+    Removed(u32),
 }
 
 /// The running shards of a node.

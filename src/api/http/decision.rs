@@ -182,12 +182,14 @@ fn check_body(i: &ItemDecision) -> CheckBody {
 }
 
 /// How a [`CheckError`] is answered: status, the `reason` label of
-/// `quorate_bad_requests_total`, and the message. Only `Unavailable` is a 5xx.
+/// `quorate_bad_requests_total`, and the message. Only `Unavailable` and `NotMember` are
+/// 5xx.
 pub fn error_status(err: &CheckError) -> (StatusCode, &'static str) {
     match err {
         CheckError::InvalidInput(_) => (StatusCode::BAD_REQUEST, "invalid_input"),
         CheckError::UnknownLimit(..) => (StatusCode::BAD_REQUEST, "unknown_limit"),
         CheckError::Unavailable(_) => (StatusCode::SERVICE_UNAVAILABLE, "unavailable"),
+        CheckError::NotMember(_) => (StatusCode::SERVICE_UNAVAILABLE, "not_member"),
     }
 }
 
@@ -360,13 +362,18 @@ mod tests {
     }
 
     #[test]
-    fn only_unavailable_is_a_server_error() {
+    fn only_unavailable_and_not_member_are_server_errors() {
         let bad = CheckError::InvalidInput("x".into());
         let unknown = CheckError::UnknownLimit("x".into(), "login".into());
         let down = CheckError::Unavailable("x".into());
+        let removed = CheckError::NotMember("x".into());
         assert_eq!(error_status(&bad).0, StatusCode::BAD_REQUEST);
         assert_eq!(error_status(&unknown).0, StatusCode::BAD_REQUEST);
         assert_eq!(error_status(&down).0, StatusCode::SERVICE_UNAVAILABLE);
+        assert_eq!(
+            error_status(&removed),
+            (StatusCode::SERVICE_UNAVAILABLE, "not_member")
+        );
     }
 
     #[test]

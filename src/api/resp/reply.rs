@@ -32,10 +32,14 @@ pub fn check_reply(kind: CheckReply, resp: &CheckResponse) -> Frame {
     }
 }
 
+/// The code of the error a removed cluster node answers checks with.
+pub const NOT_MEMBER: &str = "NOTMEMBER";
+
 /// The reply to a check the service refused to decide.
 pub fn check_error(err: &CheckError) -> Frame {
     match err {
         CheckError::Unavailable(_) => Frame::Error(format!("TRYAGAIN {err}")),
+        CheckError::NotMember(_) => Frame::Error(format!("{NOT_MEMBER} {err}")),
         CheckError::InvalidInput(_) | CheckError::UnknownLimit(..) => Frame::err(err),
     }
 }
@@ -45,7 +49,7 @@ pub fn error_reason(err: &CheckError) -> Option<&'static str> {
     match err {
         CheckError::InvalidInput(_) => Some("invalid_input"),
         CheckError::UnknownLimit(..) => Some("unknown_limit"),
-        CheckError::Unavailable(_) => None,
+        CheckError::Unavailable(_) | CheckError::NotMember(_) => None,
     }
 }
 
@@ -390,6 +394,16 @@ mod tests {
             Frame::Error("TRYAGAIN unavailable: shutting down".into())
         );
         assert_eq!(error_reason(&CheckError::Unavailable("x".into())), None);
+        // A removed node's refusal, from the shard's error (the Rust client reads the code).
+        let removed = CheckError::from(crate::shard::actor::ShardError::Removed(2));
+        assert_eq!(
+            check_error(&removed),
+            Frame::Error(
+                "NOTMEMBER this node was removed from the cluster (shard 2): send to a member"
+                    .into()
+            )
+        );
+        assert_eq!(error_reason(&removed), None);
         assert_eq!(
             error_reason(&CheckError::UnknownLimit("x".into(), "a".into())),
             Some("unknown_limit")
