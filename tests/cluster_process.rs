@@ -1325,9 +1325,12 @@ async fn a_node_added_at_runtime_serves_and_a_removed_node_leaves() {
         http.starts_with("HTTP/1.1 503") && http.contains("not_member"),
         "{http}"
     );
-    assert_eq!(
-        remaining(&client(cluster.members[1].resp), "small", "r").await,
-        40 - admitted
+    // One more may have been spent: a forward the leader admitted whose answer node 1 did
+    // not get in time, and answered `NOTMEMBER` for (it had learned meanwhile).
+    let left = remaining(&client(cluster.members[1].resp), "small", "r").await;
+    assert!(
+        left == 40 - admitted || left + 1 == 40 - admitted,
+        "{left} left after {admitted} admitted"
     );
     blocking(|| {
         cluster.stop(0);

@@ -41,6 +41,12 @@
 //! - A member that answers is used, whatever it answers: one cut off from the others
 //!   answers with its limits' `on_unavailable` (deny by default; a check with a request id
 //!   that would be denied gets `TRYAGAIN` instead), and the client stays.
+//! - Except a node removed from the cluster, which answers checks with `-NOTMEMBER`: it is
+//!   passed over for [`REMOVED_PASSED_OVER`] (a minute), and the call returns
+//!   [`ClientError::NotMember`], which is retryable (the retry goes to another node); a
+//!   check with a request id goes on to the next node within the call instead. One without
+//!   does not: of a check of several items, shards that had not refused it yet may have
+//!   decided their part.
 //! - With [`ClientConfig::routes_every`] (the default) each check goes to its shard's
 //!   leader instead of the first node up, through a client of its own that prefers that
 //!   node and fails over as above: see [`route`].
@@ -159,7 +165,8 @@ pub enum ClientError {
     #[error("node unavailable: {0}")]
     Unavailable(String),
     /// The node was removed from its cluster (`-NOTMEMBER`): it decides no check any more.
-    /// A client of several nodes passes it over; a retry goes to another node.
+    /// A client of several nodes passes it over for [`REMOVED_PASSED_OVER`], so a retry
+    /// goes to another node (a client of that node alone gets this again).
     #[error("not a cluster member: {0}")]
     NotMember(String),
 }
@@ -322,13 +329,16 @@ enum Resend {
     AnyMember,
 }
 
-/// A node at its connection cap says this before it closes a new connection unread.
+/// How long a client of several nodes passes over a node that answered `-NOTMEMBER`: its
+/// id is out of the cluster for good, but its address may come back as a new member.
+pub const REMOVED_PASSED_OVER: Duration = Duration::from_secs(60);
+
 /// A removed node's refusal (`-NOTMEMBER ...`).
 fn is_not_member(frame: &Frame) -> bool {
-    let code = crate::api::resp::reply::NOT_MEMBER;
-    matches!(frame, Frame::Error(m) if m.strip_prefix(code).is_some_and(|r| r.starts_with(' ')))
+    matches!(frame, Frame::Error(m) if resp::not_member(m).is_some())
 }
 
+/// A node at its connection cap says this before it closes a new connection unread.
 fn is_full(frame: &Frame) -> bool {
     let full = crate::api::resp::server::MAX_CLIENTS_REPLY
         .strip_prefix(b"-")
@@ -350,9 +360,13 @@ impl<C: Connector> Shared<C> {
     }
 
     fn mark_down(&self, i: usize) {
+        self.mark_down_for(i, self.config.down_for);
+    }
+
+    fn mark_down_for(&self, i: usize, d: Duration) {
         let until = self
             .now()
-            .saturating_add(u64::try_from(self.config.down_for.as_nanos()).unwrap_or(u64::MAX));
+            .saturating_add(u64::try_from(d.as_nanos()).unwrap_or(u64::MAX));
         self.nodes[i]
             .down_until
             .store(until.max(1), Ordering::Relaxed);
@@ -705,7 +719,7 @@ impl<C: Connector> Client<C> {
             // request that may go anywhere goes once to the next node up. One that may not
             // is answered with the error: a check of several items may have been decided
             // in part by shards that had not refused it yet.
-            shared.mark_down(pooled.node);
+            shared.mark_down_for(pooled.node, REMOVED_PASSED_OVER);
             if anywhere {
                 if let Ok(p) = self
                     .connect(shared.order_without(pooled.node), deadline, on)

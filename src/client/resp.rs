@@ -136,14 +136,16 @@ pub fn server_error(message: String) -> ClientError {
     if let Some(rest) = message.strip_prefix("TRYAGAIN ") {
         return ClientError::Unavailable(rest.to_string());
     }
-    let not_member = crate::api::resp::reply::NOT_MEMBER;
-    match message
-        .strip_prefix(not_member)
-        .and_then(|r| r.strip_prefix(' '))
-    {
+    match not_member(&message) {
         Some(rest) => ClientError::NotMember(rest.to_string()),
         None => ClientError::Server(message),
     }
+}
+
+/// The reason of a removed node's refusal (`NOTMEMBER reason`), if `message` is one.
+pub(super) fn not_member(message: &str) -> Option<&str> {
+    let code = crate::api::resp::reply::NOT_MEMBER;
+    message.strip_prefix(code)?.strip_prefix(' ')
 }
 
 fn unexpected(what: &str, frame: &Frame) -> ClientError {

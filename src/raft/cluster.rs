@@ -221,9 +221,11 @@ struct Group {
     /// The term this node led when it last stopped (0: none).
     led_term_at_start: u64,
     /// This node was removed from the group: a member refused its vote
-    /// ([`PeerResponse::Removed`]), or this replica applied the removal. From then on it
-    /// refuses the shard's checks ([`ShardError::Removed`]): it hears from no leader any
-    /// more, and would otherwise answer them with `on_unavailable` once its view is stale.
+    /// ([`PeerResponse::Removed`]), or this replica applied the removal
+    /// ([`Cluster::knows_removed`]). From then on it refuses the shard's checks
+    /// ([`ShardError::Removed`]): it hears from no leader any more, and would otherwise
+    /// answer them with `on_unavailable` once its view is stale. Its elections in the group
+    /// stop (a task started with the group).
     removed: Arc<super::rpc::Removal>,
 }
 
@@ -373,17 +375,6 @@ impl Cluster {
             let raft = Raft::new(config.node_id, raft_config.clone(), network, log, sm)
                 .await
                 .map_err(|e| format!("shard {g}: cannot start raft: {e}"))?;
-            {
-                // A removed node is out for good (ids are never given out again), and its
-                // campaigns can only do harm: a member that has not applied the removal yet
-                // takes the higher term, and then refuses its leader's appends (it falls
-                // behind for as long as the removed node runs).
-                let (raft, removed) = (raft.clone(), removed.clone());
-                tokio::spawn(async move {
-                    removed.learned().await;
-                    raft.runtime_config().elect(false);
-                });
-            }
             // A new cluster: the member a group prefers (the one at position g mod members,
             // as the rebalance loop reckons) starts it, and leads it from the outset, so no
             // leadership has to move after a start. The others start it only if it still
@@ -409,7 +400,7 @@ impl Cluster {
                     }
                 });
             }
-            groups.push(Arc::new(Group {
+            let group = Arc::new(Group {
                 id: g,
                 raft,
                 info,
@@ -428,7 +419,22 @@ impl Cluster {
                 handover_seq: AtomicU64::new(0),
                 led_term_at_start: led_term,
                 removed,
-            }));
+            });
+            {
+                // A removed node is out for good (ids are never given out again), and its
+                // campaigns can only do harm: a member that has not applied the removal yet
+                // takes the higher term, and then refuses its leader's appends (it falls
+                // behind for as long as the removed node runs). The task holds no Raft
+                // handle: a group dropped unstarted shuts its Raft down as ever.
+                let (weak, removed) = (Arc::downgrade(&group), group.removed.clone());
+                tokio::spawn(async move {
+                    removed.learned().await;
+                    if let Some(group) = weak.upgrade() {
+                        group.raft.runtime_config().elect(false);
+                    }
+                });
+            }
+            groups.push(group);
         }
         let denials = DenialCache::new(config.denial_cache);
         let cluster = Arc::new(Cluster {
@@ -1035,8 +1041,10 @@ impl Cluster {
     }
 
     /// Whether this node knows it was removed from `group`: a member refused its vote, or
-    /// this replica applied the removal (noted in `Group::removed` then). Takes the state's
-    /// lock: not for the checks' hot path, which reads `Group::removed` only.
+    /// this replica applied the removal, which this notes in `Group::removed` (called by the
+    /// metrics loop every second, by `/readyz` and status, and for a check no leader
+    /// decided). Takes the state's lock: not for the checks' hot path, which reads
+    /// `Group::removed` only.
     fn knows_removed(&self, group: &Group) -> bool {
         let me = self.config.node_id;
         if lock(&group.info_state).members().removed.contains(&me) {
