@@ -262,8 +262,8 @@ async fn many_concurrent_calls_share_a_small_pool() {
     assert_eq!(remaining, want);
 }
 
-/// A listener that accepts and reads but never replies.
-async fn silent_node() -> SocketAddr {
+/// A listener whose connections answer each read with `reply(bytes read)`, if any.
+async fn fake_node(reply: fn(&[u8]) -> Option<&'static [u8]>) -> SocketAddr {
     let listener = TcpListener::bind("127.0.0.1:0".parse().unwrap())
         .await
         .unwrap();
@@ -272,12 +272,27 @@ async fn silent_node() -> SocketAddr {
         let mut listener = listener;
         while let Ok((mut s, _)) = listener.accept().await {
             tokio::spawn(async move {
-                let mut sink = vec![0u8; 1024];
-                while matches!(s.read(&mut sink).await, Ok(n) if n > 0) {}
+                let mut buf = vec![0u8; 1024];
+                while let Ok(n @ 1..) = s.read(&mut buf).await {
+                    let Some(answer) = reply(&buf[..n]) else {
+                        continue;
+                    };
+                    if tokio::io::AsyncWriteExt::write_all(&mut s, answer)
+                        .await
+                        .is_err()
+                    {
+                        break;
+                    }
+                }
             });
         }
     });
     addr
+}
+
+/// A listener that accepts and reads but never replies.
+async fn silent_node() -> SocketAddr {
+    fake_node(|_| None).await
 }
 
 /// A loopback address nothing listens on (now).
@@ -423,6 +438,18 @@ async fn through_a_node_that_drops_its_next_request(second: SocketAddr) -> Clien
     c
 }
 
+/// Sends a check of `alice` with a request id through `c` (whose first node will not
+/// decide it), and asserts that it was admitted, on `second`.
+async fn goes_to(c: &Client, second: SocketAddr) {
+    let a = c
+        .check(&[("login", "alice", 1)], Some("r-1"))
+        .await
+        .unwrap();
+    assert!(a.allowed, "{a:?}");
+    let peek = client(second, 1).peek("login", "alice").await.unwrap();
+    assert_eq!(peek.items[0].remaining, 4, "decided on the second node");
+}
+
 /// The other side: a check with a request id that a node read and dropped goes on to the
 /// next node within the same call, since a cluster answers a repeated id with its first
 /// answer whichever member is asked. A check without an id does not, also one of a limit
@@ -431,13 +458,7 @@ async fn through_a_node_that_drops_its_next_request(second: SocketAddr) -> Clien
 async fn a_check_with_a_request_id_the_node_read_then_dropped_goes_to_the_next_node() {
     let second = node(|_| {}).await;
     let c = through_a_node_that_drops_its_next_request(second).await;
-    let a = c
-        .check(&[("login", "alice", 1)], Some("r-1"))
-        .await
-        .unwrap();
-    assert!(a.allowed, "{a:?}");
-    let peek = client(second, 1).peek("login", "alice").await.unwrap();
-    assert_eq!(peek.items[0].remaining, 4, "decided on the second node");
+    goes_to(&c, second).await;
 
     let c = through_a_node_that_drops_its_next_request(second).await;
     let e = c.check(&[("ID", "alice", 1)], None).await.unwrap_err();
@@ -447,32 +468,14 @@ async fn a_check_with_a_request_id_the_node_read_then_dropped_goes_to_the_next_n
 /// A node removed from its cluster answers PING, and every other request with
 /// `-NOTMEMBER` (as `quorate node` does once it knows of its removal).
 async fn removed_node() -> SocketAddr {
-    let listener = TcpListener::bind("127.0.0.1:0".parse().unwrap())
-        .await
-        .unwrap();
-    let addr = listener.local_addr().unwrap();
-    tokio::spawn(async move {
-        let mut listener = listener;
-        while let Ok((mut s, _)) = listener.accept().await {
-            tokio::spawn(async move {
-                let mut buf = vec![0u8; 1024];
-                while let Ok(n @ 1..) = s.read(&mut buf).await {
-                    let reply: &[u8] = if buf[..n].windows(4).any(|w| w == b"PING") {
-                        b"+PONG\r\n"
-                    } else {
-                        b"-NOTMEMBER this node was removed from the cluster (shard 0): send to a member\r\n"
-                    };
-                    if tokio::io::AsyncWriteExt::write_all(&mut s, reply)
-                        .await
-                        .is_err()
-                    {
-                        break;
-                    }
-                }
-            });
-        }
-    });
-    addr
+    fake_node(|read| {
+        Some(if read.windows(4).any(|w| w == b"PING") {
+            b"+PONG\r\n"
+        } else {
+            b"-NOTMEMBER this node was removed from the cluster (shard 0): send to a member\r\n"
+        })
+    })
+    .await
 }
 
 /// A removed node's refusal: the node is passed over; a check with a request id goes on
@@ -490,13 +493,7 @@ async fn a_removed_node_is_passed_over() {
     };
     let c = of_both();
     c.ping().await.unwrap();
-    let a = c
-        .check(&[("login", "alice", 1)], Some("r-1"))
-        .await
-        .unwrap();
-    assert!(a.allowed, "{a:?}");
-    let peek = client(second, 1).peek("login", "alice").await.unwrap();
-    assert_eq!(peek.items[0].remaining, 4, "decided on the second node");
+    goes_to(&c, second).await;
 
     let c = of_both();
     c.ping().await.unwrap();
