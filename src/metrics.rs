@@ -45,6 +45,10 @@ pub struct Metrics {
     /// Handovers of a shard's leadership from this member to another (a rebalance, before
     /// its own removal, on SIGTERM), by result (`done`, `failed`).
     pub handovers: IntCounterVec,
+    /// Requests from a node removed from a shard that this member refused, by kind (`vote`:
+    /// it campaigned; `forward`: checks it forwarded): it still runs, and learns so that it
+    /// is out. Stop it once its clients have moved.
+    pub removed_refusals: IntCounterVec,
     /// Cluster members only (refreshed every second):
     /// WAL submissions made durable, and the fsyncs that covered them.
     pub wal_appends: IntGauge,
@@ -162,6 +166,11 @@ impl Metrics {
                 "quorate_leader_handovers_total",
                 "Handovers of a shard's leadership from this member to another (rebalance, before its removal, on SIGTERM), by result (done, failed)",
                 &["result"],
+            ),
+            removed_refusals: counter_vec(
+                "quorate_removed_node_refusals_total",
+                "Requests from a node removed from a shard, refused (it still runs), by kind (vote, forward)",
+                &["kind"],
             ),
             wal_appends: gauge(
                 "quorate_wal_appends",

@@ -1284,10 +1284,12 @@ async fn a_node_added_at_runtime_serves_and_a_removed_node_leaves() {
         "node 1 did not hand over each shard it led"
     );
     // Still running, node 1 is outside every shard. It forwards a check to the shard's
-    // leader it last heard of, where it is decided (`small` denies when its shard cannot
-    // decide in time: an admission is the leader's), until it learns that it is out: once
-    // it hears from no leader it campaigns, and the members refuse its votes. From then on
-    // it refuses the shard's checks (`NOTMEMBER`), spending nothing.
+    // leader it last heard of, which refuses it once it has applied the removal, and so
+    // node 1 learns that it is out (a forward that reached a leader before that is decided
+    // there: `small` denies when its shard cannot decide in time, so an admission is the
+    // leader's). From then on it refuses the shard's checks (`NOTMEMBER`), spending
+    // nothing. (In the shards it sends nothing to, it learns once it hears from no leader
+    // and campaigns: the members refuse its votes.)
     let mut admitted = 0;
     let started = Instant::now();
     let refused = loop {
@@ -1303,6 +1305,11 @@ async fn a_node_added_at_runtime_serves_and_a_removed_node_leaves() {
         tokio::time::sleep(Duration::from_millis(100)).await;
     };
     assert!(refused.contains("removed from the cluster"), "{refused}");
+    let refusals = |kind: &str| -> u64 {
+        let name = format!("quorate_removed_node_refusals_total{{kind=\"{kind}\"}}");
+        (1..4).map(|i| metric(&cluster, i, &name)).sum()
+    };
+    assert!(refusals("forward") > 0, "no member refused a forward");
     // Every shard: node 1 says so in its status, and is no longer ready.
     while blocking(|| group_field(&cluster, 0, "this_node_removed"))
         != vec![serde_json::Value::Bool(true); SHARDS]
@@ -1317,6 +1324,15 @@ async fn a_node_added_at_runtime_serves_and_a_removed_node_leaves() {
     let http1 = cluster.members[0].http;
     let ready = blocking(|| cluster_support::http(http1, "GET", "/readyz", ""));
     assert!(ready.starts_with("HTTP/1.1 503"), "{ready}");
+    // Nor does it name leaders for a routing client (`QR.ROUTES`): nil at term 0 in every
+    // shard, which a client asking the members too drops for their newer answers.
+    use quorate::api::resp::Frame;
+    let routes = blocking(|| resp_call(cluster.members[0].resp, &["QR.ROUTES"]));
+    let Frame::Array(parts) = &routes else {
+        panic!("{routes:?}")
+    };
+    let stale = Frame::Array(vec![Frame::Null, Frame::Integer(0)]);
+    assert_eq!(parts[2], Frame::Array(vec![stale; SHARDS]), "{routes:?}");
     let http = blocking(|| {
         let body = r#"{"checks": [{"limit": "small", "key": "r"}]}"#;
         cluster_support::http(http1, "POST", "/v1/check", body)

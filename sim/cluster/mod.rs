@@ -521,6 +521,23 @@ fn run_checked(opts: &Options) -> Report {
             }
         }
     };
+    // Steps the simulation, 50 steps at a time, until `done` holds or `within` (ns of
+    // simulated time) has passed; false once a step failed.
+    let run_until = |sim: &mut turmoil::Sim<'_>,
+                     violations: &mut Vec<String>,
+                     within: u64,
+                     done: &mut dyn FnMut() -> bool|
+     -> bool {
+        let until = ns(sim.elapsed()) + within;
+        while !done() && ns(sim.elapsed()) < until {
+            for _ in 0..50 {
+                if !step(sim, violations) {
+                    return false;
+                }
+            }
+        }
+        true
+    };
 
     // 1. Workload under faults.
     let mut alive = true;
@@ -661,21 +678,11 @@ fn run_checked(opts: &Options) -> Report {
         }
     }
     if alive {
-        let until = ns(sim.elapsed()) + ns(opts.heal_within);
-        while ns(sim.elapsed()) < until {
+        alive = run_until(&mut sim, &mut violations, ns(opts.heal_within), &mut || {
             final_digests = digests(&members);
-            let caught_up = final_digests.len() == members.len()
-                && final_digests.windows(2).all(|w| w[0].1 == w[1].1);
-            if caught_up {
-                break;
-            }
-            for _ in 0..50 {
-                alive = alive && step(&mut sim, &mut violations);
-            }
-            if !alive {
-                break;
-            }
-        }
+            final_digests.len() == members.len()
+                && final_digests.windows(2).all(|w| w[0].1 == w[1].1)
+        });
     }
     if alive && opts.membership_faults {
         violations.extend(membership::check_voters(
@@ -684,15 +691,13 @@ fn run_checked(opts: &Options) -> Report {
             &nodes,
         ));
         // The removed node, still running, learns that it is out of every shard (a member
-        // refuses its votes, or it applies its removal), and so refuses their checks.
-        let until = ns(sim.elapsed()) + ns(opts.heal_within);
-        let mut unaware = membership::unaware_of_removal(&lock(&replacement), &nodes);
-        while alive && !unaware.is_empty() && ns(sim.elapsed()) < until {
-            for _ in 0..50 {
-                alive = alive && step(&mut sim, &mut violations);
-            }
+        // refuses its votes or the checks it forwards, or it applies its removal), and so
+        // refuses their checks.
+        let mut unaware = Vec::new();
+        alive = run_until(&mut sim, &mut violations, ns(opts.heal_within), &mut || {
             unaware = membership::unaware_of_removal(&lock(&replacement), &nodes);
-        }
+            unaware.is_empty()
+        });
         if alive && !unaware.is_empty() {
             violations.push(format!(
                 "the removed node does not know it was removed from shards {unaware:?} {} s \

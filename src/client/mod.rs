@@ -693,26 +693,16 @@ impl<C: Connector> Client<C> {
             // The node took the request and failed without an answer (reset, closed): it is
             // passed over, and the request goes once to the next node up that accepts.
             shared.mark_down(pooled.node);
-            if let Ok(p) = self
-                .connect(shared.order_without(pooled.node), deadline, on)
-                .await
-            {
-                pooled = p;
-                fresh = true;
-                result = pooled.conn.call(args).await;
-            }
+            fresh |= self
+                .resend_elsewhere(args, deadline, on, &mut pooled, &mut result)
+                .await;
         }
         if shared.nodes.len() > 1 && fresh && matches!(&result, Ok((f, _)) if is_full(f)) {
             // A node at its connection cap answers a new connection with this and closes it
             // unread: nothing was decided, so the next node up may take the request. (The
             // node is not marked down: the client's other connections to it are fine.)
-            if let Ok(p) = self
-                .connect(shared.order_without(pooled.node), deadline, on)
-                .await
-            {
-                pooled = p;
-                result = pooled.conn.call(args).await;
-            }
+            self.resend_elsewhere(args, deadline, on, &mut pooled, &mut result)
+                .await;
         }
         if shared.nodes.len() > 1 && matches!(&result, Ok((f, _)) if is_not_member(f)) {
             // A node removed from the cluster refuses checks: it is passed over, and a
@@ -721,13 +711,8 @@ impl<C: Connector> Client<C> {
             // in part by shards that had not refused it yet.
             shared.mark_down_for(pooled.node, REMOVED_PASSED_OVER);
             if anywhere {
-                if let Ok(p) = self
-                    .connect(shared.order_without(pooled.node), deadline, on)
-                    .await
-                {
-                    pooled = p;
-                    result = pooled.conn.call(args).await;
-                }
+                self.resend_elsewhere(args, deadline, on, &mut pooled, &mut result)
+                    .await;
             }
         }
         match result {
@@ -749,6 +734,26 @@ impl<C: Connector> Client<C> {
                 Err(e)
             }
         }
+    }
+
+    /// Sends `args` once more, on a new connection to the first node up other than
+    /// `pooled`'s, which then replaces `pooled` and its `result`; whether one accepted (if
+    /// none did, both stay as they were).
+    async fn resend_elsewhere(
+        &self,
+        args: &[&[u8]],
+        deadline: Instant,
+        on: &On,
+        pooled: &mut Pooled<C::Conn>,
+        result: &mut Result<(Frame, bool), CallError>,
+    ) -> bool {
+        let others = self.shared.order_without(pooled.node);
+        let Ok(p) = self.connect(others, deadline, on).await else {
+            return false;
+        };
+        *pooled = p;
+        *result = pooled.conn.call(args).await;
+        true
     }
 
     /// A pooled connection of a client of several nodes, checked before a request is

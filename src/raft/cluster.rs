@@ -220,9 +220,9 @@ struct Group {
     handover_seq: AtomicU64,
     /// The term this node led when it last stopped (0: none).
     led_term_at_start: u64,
-    /// This node was removed from the group: a member refused its vote
-    /// ([`PeerResponse::Removed`]), or this replica applied the removal
-    /// ([`Cluster::knows_removed`]). From then on it refuses the shard's checks
+    /// This node was removed from the group: a member refused its vote or a check it
+    /// forwarded ([`PeerResponse::Removed`]), or this replica applied the removal (the state
+    /// machine says so). From then on it refuses the shard's checks
     /// ([`ShardError::Removed`]): it hears from no leader any more, and would otherwise
     /// answer them with `on_unavailable` once its view is stale. Its elections in the group
     /// stop (a task started with the group).
@@ -349,7 +349,8 @@ impl Cluster {
         let mut groups = Vec::new();
         for g in 0..config.shards.max(1) as GroupId {
             let mut sm = ShardMachine::open(&snap_dir, g, bounds)?;
-            sm.set_hooks(config.node_id, config.hooks.clone());
+            let removed = Arc::new(super::rpc::Removal::default());
+            sm.set_node(config.node_id, config.hooks.clone(), removed.clone());
             let info = sm.info();
             let info_state = sm.state();
             let mut log = logs.log(g)?;
@@ -365,7 +366,6 @@ impl Cluster {
                 Ok(_) => 0,
                 Err(e) => return Err(format!("shard {g}: cannot read the saved vote: {e}")),
             };
-            let removed = Arc::new(super::rpc::Removal::default());
             let network = super::rpc::GroupNetwork {
                 group: g,
                 transport: transport.clone(),
@@ -547,11 +547,16 @@ impl Cluster {
             .collect()
     }
 
-    /// Each shard's leader as this node knows it, and its term (`QR.ROUTES`).
+    /// Each shard's leader as this node knows it, and its term (`QR.ROUTES`, `CLUSTER
+    /// SLOTS`). None at term 0 in a shard this node knows it was removed from: its view of
+    /// it is stale, and a client that asks several nodes keeps the newest term's answer.
     pub fn leaders(&self) -> Vec<(Option<NodeId>, u64)> {
         self.groups
             .iter()
             .map(|g| {
+                if g.removed.is_known() {
+                    return (None, 0);
+                }
                 let m = g.raft.metrics();
                 let m = m.borrow();
                 (m.current_leader, m.current_term)
@@ -959,7 +964,7 @@ impl Cluster {
     pub fn ready(&self) -> bool {
         self.groups
             .iter()
-            .all(|g| self.leader(g).is_some() && !self.knows_removed(g))
+            .all(|g| self.leader(g).is_some() && !g.removed.is_known())
     }
 
     fn group(&self, shard: u32) -> &Arc<Group> {
@@ -1020,6 +1025,8 @@ impl Cluster {
                             tokio::time::sleep(Duration::from_millis(10)).await;
                         }
                     }
+                    // Not to be tried again: `ShardError::Removed` answers (below).
+                    Err(ForwardError::Unavailable(_)) if group.removed.is_known() => return None,
                     Err(ForwardError::Unavailable(why)) => {
                         tracing::debug!(shard, leader = id, %why, "not applied; trying again");
                         tokio::time::sleep(Duration::from_millis(20)).await;
@@ -1034,23 +1041,10 @@ impl Cluster {
         };
         match tokio::time::timeout(self.config.unavailable_after, attempt).await {
             Ok(Some(applied)) => Ok(applied),
-            // Nor does a node that learns of its removal only now answer `on_unavailable`.
-            _ if self.knows_removed(&group) => Err(ShardError::Removed(shard)),
+            // Nor does a node that learned of its removal meanwhile answer `on_unavailable`.
+            _ if group.removed.is_known() => Err(ShardError::Removed(shard)),
             _ => Ok(self.fallback(&group, &commands)),
         }
-    }
-
-    /// Whether this node knows it was removed from `group`: a member refused its vote, or
-    /// this replica applied the removal, which this notes in `Group::removed` (called by the
-    /// metrics loop every second, by `/readyz` and status, and for a check no leader
-    /// decided). Takes the state's lock: not for the checks' hot path, which reads
-    /// `Group::removed` only.
-    fn knows_removed(&self, group: &Group) -> bool {
-        let me = self.config.node_id;
-        if lock(&group.info_state).members().removed.contains(&me) {
-            group.removed.learn(group.id, me);
-        }
-        group.removed.is_known()
     }
 
     async fn wait_for_leader(&self, group: &Group) -> Option<NodeId> {
@@ -1082,6 +1076,13 @@ impl Cluster {
         };
         match ask(&*self.transport, to, &request, self.config.forward_timeout).await {
             Ok(PeerResponse::Forward(result)) => result,
+            // Refused, not decided: this node was removed from the group (`Cluster::handle`).
+            Ok(PeerResponse::Removed) => {
+                group.removed.learn(group.id, to);
+                Err(ForwardError::Unavailable(
+                    "this node was removed from the shard".into(),
+                ))
+            }
             Ok(other) => Err(ForwardError::Unknown(format!(
                 "unexpected answer {other:?}"
             ))),
@@ -1274,14 +1275,24 @@ impl Cluster {
             Err(e) => return super::rpc::encode(&PeerResponse::Refused(e)),
         };
         let group = |g: GroupId| self.groups.get(g as usize).cloned();
-        // A node removed from a group runs on until it is stopped, and campaigns once it
-        // hears from no leader: its votes are refused, which tells it it is out (see
-        // `PeerResponse::Removed`). Until then, its forwarded checks are decided as any.
-        let removed = |g: GroupId| {
-            group(g).is_some_and(|gr| lock(&gr.info_state).members().removed.contains(&from))
+        // A node removed from a group runs on until it is stopped: it forwards its clients'
+        // checks to the leader it knew, and campaigns once it hears from no leader. A member
+        // that has applied the removal refuses both, which tells the node it is out (see
+        // `PeerResponse::Removed`): it is not to decide the shard's checks, nor to count in
+        // its elections. (Read from the applied ids' copy, without the state's lock.)
+        let removed = |g: GroupId, kind: &str| {
+            let out = group(g).is_some_and(|gr| gr.info.removed.load().contains(&from));
+            if out {
+                self.metrics
+                    .removed_refusals
+                    .with_label_values(&[kind])
+                    .inc();
+            }
+            out
         };
         let response = match request {
-            PeerRequest::Vote { group: g, .. } if removed(g) => PeerResponse::Removed,
+            PeerRequest::Vote { group: g, .. } if removed(g, "vote") => PeerResponse::Removed,
+            PeerRequest::Forward { group: g, .. } if removed(g, "forward") => PeerResponse::Removed,
             PeerRequest::Append { group: g, rpc } => match group(g) {
                 Some(gr) => PeerResponse::Append(gr.raft.append_entries(rpc).await),
                 None => PeerResponse::Refused(format!("no shard {g}")),
@@ -1340,14 +1351,8 @@ impl Cluster {
                             .collect()
                     })
                     .unwrap_or_default();
-                // Its own statement: the digest below takes the same lock.
-                let removed = lock(&g.info_state)
-                    .members()
-                    .removed
-                    .iter()
-                    .copied()
-                    .collect();
-                let this_node_removed = self.knows_removed(g);
+                let removed = g.info.removed.load().iter().copied().collect();
+                let this_node_removed = g.removed.is_known();
                 GroupStatus {
                     shard: g.id,
                     state: format!("{:?}", m.state),

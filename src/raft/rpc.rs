@@ -110,9 +110,10 @@ pub enum PeerResponse {
     /// `Err` when the receiver does not follow that leadership (or is not a voter, for
     /// `elect`).
     Handover(Result<(), String>),
-    /// To a vote request: the asker's id was removed from this group's membership (as the
-    /// answering replica has applied it), so the request was refused unread. Ids are never
-    /// given out again, so the asker is out for good.
+    /// To a vote request or forwarded checks: the asker's id was removed from this group's
+    /// membership (as the answering replica has applied it), so the request was refused
+    /// unread (the checks not decided). Ids are never given out again, so the asker is out
+    /// for good.
     Removed,
 }
 
@@ -196,9 +197,9 @@ impl Removal {
         self.known.load(Ordering::Relaxed)
     }
 
-    /// Records that this node is out of `group`, as `by` (a member that refused its vote
-    /// with [`PeerResponse::Removed`], or this node, having applied its removal) says
-    /// (logged once).
+    /// Records that this node is out of `group`, as `by` (a member that refused its vote or
+    /// its forwarded checks with [`PeerResponse::Removed`], or this node, having applied its
+    /// removal) says (logged once).
     pub fn learn(&self, group: GroupId, by: NodeId) {
         if !self.known.swap(true, Ordering::Relaxed) {
             tracing::warn!(

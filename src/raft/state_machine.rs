@@ -11,13 +11,16 @@
 //! Snapshot file: `[u32 meta length][meta (bincode)][shard image]`.
 
 use super::hooks::{AppliedEntry, Hooks};
+use super::rpc::Removal;
 use super::types::{Applies, GroupId, NodeId, TypeConfig};
 use crate::shard::state::{Bounds, ShardState};
+use arc_swap::ArcSwap;
 use openraft::storage::RaftStateMachine;
 use openraft::{
     AnyError, BasicNode, EntryPayload, LogId, RaftSnapshotBuilder, Snapshot, SnapshotMeta,
     StorageError, StorageIOError, StoredMembership,
 };
+use std::collections::BTreeSet;
 use std::io::{Cursor, Write};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -37,6 +40,10 @@ pub struct MachineInfo {
     pub snapshots: AtomicU64,
     /// Snapshots received from a leader and installed.
     pub installed: AtomicU64,
+    /// The ids removed from the group, as this replica has applied them (a copy of the
+    /// state's `MemberHistory::removed`, replaced whenever that changes): read on the peer
+    /// path, where a removed node's votes and forwards are refused, without the state's lock.
+    pub removed: ArcSwap<BTreeSet<NodeId>>,
 }
 
 /// The last snapshot, as kept in memory and on disk.
@@ -60,6 +67,8 @@ pub struct ShardMachine {
     /// This node's id and the simulation's hooks (see `super::hooks`).
     node: NodeId,
     hooks: Hooks,
+    /// Told when this replica applies (or restores) this node's own removal from the group.
+    removal: Arc<Removal>,
 }
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -91,6 +100,7 @@ impl ShardMachine {
             built: Arc::new(AtomicU64::new(0)),
             node: 0,
             hooks: Hooks::default(),
+            removal: Arc::default(),
         };
         match std::fs::read(&sm.path) {
             Ok(bytes) => {
@@ -105,10 +115,14 @@ impl ShardMachine {
         Ok(sm)
     }
 
-    /// Sets the simulation's hooks (see `super::hooks`); `node` names this node to them.
-    pub fn set_hooks(&mut self, node: NodeId, hooks: Hooks) {
+    /// Sets this node's id (`node`, also what names it to the simulation's hooks) and the
+    /// hooks (see `super::hooks`); `removal` learns this node's removal from the group once
+    /// this replica has applied it (at once if the restored snapshot has it).
+    pub fn set_node(&mut self, node: NodeId, hooks: Hooks, removal: Arc<Removal>) {
         self.node = node;
         self.hooks = hooks;
+        self.removal = removal;
+        self.note_removed(&lock(&self.state));
     }
 
     /// The shard state (shared, for status and tests).
@@ -123,6 +137,7 @@ impl ShardMachine {
     fn restore(&mut self, meta: Meta, image: &[u8]) -> Result<(), String> {
         let state = ShardState::from_image(image, self.bounds)?;
         self.publish(&state, meta.last_log_id);
+        self.note_removed(&state);
         *lock(&self.state) = state;
         self.last_applied = meta.last_log_id;
         self.membership = meta.last_membership.clone();
@@ -131,6 +146,18 @@ impl ShardMachine {
             data: Arc::new(image.to_vec()),
         });
         Ok(())
+    }
+
+    /// Publishes the ids removed from the group (`MachineInfo::removed`), and tells
+    /// `removal` if this node is among them.
+    fn note_removed(&self, state: &ShardState) {
+        let removed = &state.members().removed;
+        if **self.info.removed.load() != *removed {
+            self.info.removed.store(Arc::new(removed.clone()));
+        }
+        if removed.contains(&self.node) {
+            self.removal.learn(self.group, self.node);
+        }
     }
 
     fn publish(&self, state: &ShardState, applied: Option<LogId<NodeId>>) {
@@ -254,6 +281,7 @@ impl RaftStateMachine<TypeConfig> for ShardMachine {
                 }
                 EntryPayload::Membership(m) => {
                     state.note_membership(&node_ids(self.membership.membership()), &node_ids(&m));
+                    self.note_removed(&state);
                     self.membership = StoredMembership::new(Some(entry.log_id), m);
                     (Applies::default(), None)
                 }
@@ -381,5 +409,42 @@ mod tests {
             .unwrap();
         let reopened = ShardMachine::open(dir.path(), 0, bounds()).unwrap();
         assert_eq!(history(&reopened), want);
+    }
+
+    #[tokio::test]
+    async fn a_replica_that_applies_its_own_removal_learns_it() {
+        let dir = tempfile::tempdir().unwrap();
+        // Node 3's replica, and node 2's, of the same log.
+        let replica = |node: NodeId, sub: &str| {
+            let mut sm = ShardMachine::open(&dir.path().join(sub), 0, bounds()).unwrap();
+            let removal = Arc::new(Removal::default());
+            sm.set_node(node, Hooks::default(), removal.clone());
+            (sm, removal)
+        };
+        let (mut three, three_out) = replica(3, "a");
+        let (mut two, two_out) = replica(2, "b");
+        for sm in [&mut three, &mut two] {
+            sm.apply([membership(1, &[1, 2, 3]), membership(2, &[1, 2, 3, 4])])
+                .await
+                .unwrap();
+            assert!(sm.info.removed.load().is_empty());
+        }
+        assert!(!three_out.is_known());
+        for sm in [&mut three, &mut two] {
+            sm.apply([membership(3, &[1, 2, 4])]).await.unwrap();
+            // The ids the peer path refuses, without the state's lock.
+            assert_eq!(**sm.info.removed.load(), BTreeSet::from([3]));
+        }
+        assert!(three_out.is_known());
+        assert!(!two_out.is_known());
+        // Restarted from its snapshot, node 3 knows it at once.
+        three
+            .get_snapshot_builder()
+            .await
+            .build_snapshot()
+            .await
+            .unwrap();
+        let (_, again) = replica(3, "a");
+        assert!(again.is_known());
     }
 }
