@@ -46,8 +46,8 @@ pub struct Metrics {
     /// its own removal, on SIGTERM), by result (`done`, `failed`).
     pub handovers: IntCounterVec,
     /// Requests from a node removed from a shard that this member refused, by kind (`vote`:
-    /// it campaigned; `forward`: checks it forwarded): it still runs, and learns so that it
-    /// is out. Stop it once its clients have moved.
+    /// it campaigned; `forward`: a check it forwarded): it still runs, and learns so that it
+    /// is out (and asks no more: about once per shard, again after each restart of it).
     pub removed_refusals: IntCounterVec,
     /// Cluster members only (refreshed every second):
     /// WAL submissions made durable, and the fsyncs that covered them.

@@ -1017,6 +1017,11 @@ impl Cluster {
                     }
                     answer
                 };
+                // Learned meanwhile (a refused forward, or the removal applied): not to be
+                // tried again, `ShardError::Removed` answers (below).
+                if result.is_err() && group.removed.is_known() {
+                    return None;
+                }
                 match result {
                     Ok(applied) => return Some(applied),
                     Err(ForwardError::NotLeader { leader }) => {
@@ -1025,8 +1030,6 @@ impl Cluster {
                             tokio::time::sleep(Duration::from_millis(10)).await;
                         }
                     }
-                    // Not to be tried again: `ShardError::Removed` answers (below).
-                    Err(ForwardError::Unavailable(_)) if group.removed.is_known() => return None,
                     Err(ForwardError::Unavailable(why)) => {
                         tracing::debug!(shard, leader = id, %why, "not applied; trying again");
                         tokio::time::sleep(Duration::from_millis(20)).await;

@@ -267,7 +267,7 @@ pub fn command_getkeys(args: &[Bytes]) -> Frame {
 ///    `slots` sharding: `crate::shard::route`);
 /// 3. per shard, `[leader, term]`: the leader's node id as this node knows it (nil when it
 ///    knows none, and on a single node) and its term, so a client asking several nodes can
-///    keep the newest;
+///    keep the newest (nil at term 0 from a node that knows it was removed from the shard);
 /// 4. the named limits' storage-key prefixes, flat: `name, prefix, name, prefix...` (a named
 ///    limit's storage key is its prefix and the key; an inline limit's is built from its
 ///    parameters, as `crate::service::resolve` does);
