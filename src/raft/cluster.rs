@@ -1284,7 +1284,11 @@ impl Cluster {
         // `PeerResponse::Removed`): it is not to decide the shard's checks, nor to count in
         // its elections. (Read from the applied ids' copy, without the state's lock.)
         let removed = |g: GroupId, kind: &str| {
-            let out = group(g).is_some_and(|gr| gr.info.removed.load().contains(&from));
+            // (Not `group(g)`: no Arc clone on the path of every forwarded check.)
+            let out = self
+                .groups
+                .get(g as usize)
+                .is_some_and(|gr| gr.info.removed.load().contains(&from));
             if out {
                 self.metrics
                     .removed_refusals
