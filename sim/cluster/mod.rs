@@ -265,6 +265,10 @@ pub struct Report {
     /// Members replaced through the admin API (`--membership-faults`: the spare added and
     /// a member removed, both answered 200).
     pub replaced: u64,
+    /// Requests of the removed node that the members refused at the end, because it was
+    /// removed (`quorate_removed_node_refusals_total`, votes and forwarded checks; counts of
+    /// a member's instances before a crash are lost).
+    pub removed_refusals: u64,
     /// Fast admissions told to clients that the log does not hold (within the bound unless
     /// reported as a violation).
     pub fast_excess: u64,
@@ -424,6 +428,7 @@ fn run_checked(opts: &Options) -> Report {
                 handovers: 0,
                 handovers_failed: 0,
                 replaced: 0,
+                removed_refusals: 0,
                 fast_excess: 0,
                 violations: vec![format!("cannot create the nodes' directory: {e}")],
                 history: History::default(),
@@ -707,6 +712,15 @@ fn run_checked(opts: &Options) -> Report {
         }
     }
     let simulated = sim.elapsed();
+    let removed_refusals = members
+        .iter()
+        .filter_map(|n| n.service())
+        .map(|s| {
+            let refused = &s.metrics().removed_refusals;
+            refused.with_label_values(&["vote"]).get()
+                + refused.with_label_values(&["forward"]).get()
+        })
+        .sum();
     let replaced = {
         let r = lock(&replacement);
         if opts.membership_faults && !r.done && alive {
@@ -826,6 +840,7 @@ fn run_checked(opts: &Options) -> Report {
         handovers: history.handovers,
         handovers_failed: history.handovers_failed,
         replaced: u64::from(replaced),
+        removed_refusals,
         fast_excess,
         violations,
         history,

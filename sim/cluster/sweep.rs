@@ -31,6 +31,8 @@ pub struct SeedResult {
     pub handovers_failed: u64,
     #[serde(default)]
     pub replaced: u64,
+    #[serde(default)]
+    pub removed_refusals: u64,
     pub fast_excess: u64,
     pub violations: Vec<String>,
 }
@@ -45,6 +47,7 @@ impl SeedResult {
             handovers: r.handovers,
             handovers_failed: r.handovers_failed,
             replaced: r.replaced,
+            removed_refusals: r.removed_refusals,
             fast_excess: r.fast_excess,
             violations: r.violations.clone(),
         }
@@ -61,6 +64,8 @@ pub struct Sweep {
     pub handovers: u64,
     pub handovers_failed: u64,
     pub replaced: u64,
+    /// The members' refusals of the removed node's requests (see `Report::removed_refusals`).
+    pub removed_refusals: u64,
     pub fast_excess: u64,
     /// Failing seeds and their violations, by seed.
     pub failing: Vec<(u64, Vec<String>)>,
@@ -229,6 +234,7 @@ impl Sweep {
         self.handovers += r.handovers;
         self.handovers_failed += r.handovers_failed;
         self.replaced += r.replaced;
+        self.removed_refusals += r.removed_refusals;
         self.fast_excess += r.fast_excess;
         let o = &mut self.ops;
         o.invoked += r.ops.invoked;
@@ -299,8 +305,9 @@ impl Sweep {
         if self.replaced > 0 {
             let _ = writeln!(
                 t,
-                "members replaced through the admin API (a node added, then a member removed): {}",
-                self.replaced
+                "members replaced through the admin API (a node added, then a member removed): {}; \
+                 the removed node's votes and forwarded checks refused: {}",
+                self.replaced, self.removed_refusals
             );
         }
         let violations: usize = self.failing.iter().map(|f| f.1.len()).sum();
