@@ -29,14 +29,19 @@
 //! - `save_vote` returns only after its record is durable.
 //! - `append` returns once the entries are in memory and queued; its callback is called by the
 //!   WAL writer only after the sync that made them durable.
-//! - `truncate` and `purge` do not wait, and cause no sync of their own
-//!   ([`crate::wal::Reserved::submit_unsynced`]): they are written in their place in the
-//!   stream and made durable by the next append's sync. The WAL is one ordered stream and
-//!   what survives a crash is a prefix of it, so a truncation is durable no later than the
-//!   first append after it (that append's callback is what openraft waits for): a crash either
-//!   keeps both or loses the append too, and the log never shows new entries on top of ones
-//!   that were meant to be deleted. A lost purge only brings back entries the state machine
-//!   already covers.
+//! - `truncate` returns only after its record is durable, like `save_vote`. It used to ride
+//!   on the next append's sync (the WAL is one ordered stream, and what survives a crash is a
+//!   prefix of it), but openraft does not always append after a truncation: a follower that
+//!   installs a snapshot conflicting with its log truncates its uncommitted entries, purges,
+//!   and acknowledges the snapshot with no append. Had a power cut then lost the truncation,
+//!   its restart would find the snapshot applied and the stale entries after it still in the
+//!   log (openraft then purges to the snapshot and takes the log to end there, while this
+//!   store still held them behind the next appends). Conflict truncations are rare (a new
+//!   leader's log differing from this follower's uncommitted tail), and so is their sync.
+//! - `purge` does not wait, and causes no sync of its own
+//!   ([`crate::wal::Reserved::submit_unsynced`]): it is written in its place in the stream
+//!   and made durable by the next sync. A lost purge only brings back entries the state
+//!   machine already covers.
 //! - `save_committed` does not even queue a submission: the id is left with the WAL
 //!   ([`crate::wal::Wal::defer_latest`], the latest per group) and written after the
 //!   writer's next batch of any group, or at close. openraft saves it after every commit on
@@ -46,7 +51,7 @@
 //!   record follows them in the stream wherever it lands. A leader (vendor/openraft, see
 //!   vendor/README.md) may commit on its followers' syncs before its own append is synced:
 //!   while any append of the group is unsynced, the id is queued as an unsynced record
-//!   behind them instead, like a truncation. An idle node keeps
+//!   behind them instead, like a purge. An idle node keeps
 //!   its last id in memory only, until some group writes or the WAL closes; a crash loses it.
 //!   A lost committed id only means less is re-applied at restart (the next leader's first
 //!   commit covers the rest). (It used to cost a sync of its own after every entry on every
@@ -536,10 +541,12 @@ impl RaftLogStorage<TypeConfig> for GroupLog {
         let fail = |e| storage_error(ErrorSubject::Logs, ErrorVerb::Delete, e);
         let since = log_id.index;
         let batch = self.one_record(kind::TRUNCATE, &since).map_err(fail)?;
-        // Not awaited: ordered before every later append in the one stream (module docs).
-        self.write_unsynced(batch, |s| s.truncate(since))
+        // Durable before it returns: no append need follow it (module docs).
+        let synced = self
+            .write(batch, |s| s.truncate(since))
             .await
-            .map_err(fail)
+            .map_err(fail)?;
+        synced.await.map_err(fail)
     }
 
     async fn purge(&mut self, log_id: LogId<NodeId>) -> StorageResult<()> {
