@@ -344,7 +344,7 @@ fn scan(
         return Ok(None);
     };
     out.extend(
-        inline::split(strip_eol(&buf[..=end]))?
+        inline::split(strip_eol(&buf[..=end]), limits.max_elements)?
             .into_iter()
             .map(Arg::Own),
     );
@@ -684,6 +684,18 @@ mod tests {
         assert_eq!(
             parse_all(b"*1111111111111111111111"),
             Err(ProtocolError::InvalidMultibulkLength)
+        );
+    }
+
+    #[test]
+    fn an_inline_line_of_more_arguments_than_an_array_may_hold_is_refused() {
+        assert_eq!(
+            parse_all(b"A b c d\r\n").unwrap(),
+            vec![args(&["A", "b", "c", "d"])]
+        );
+        assert_eq!(
+            parse_all(b"A b c d e\r\n"),
+            Err(ProtocolError::TooManyElements { count: 5, max: 4 })
         );
     }
 

@@ -6,8 +6,10 @@
 use super::frame::ProtocolError;
 use bytes::Bytes;
 
-/// The arguments of one inline line (without its line end).
-pub fn split(line: &[u8]) -> Result<Vec<Bytes>, ProtocolError> {
+/// The arguments of one inline line (without its line end), at most `max_args` of them (the
+/// limit an array request has: a 64 KiB line of one-letter words would otherwise be 32,768
+/// arguments).
+pub fn split(line: &[u8], max_args: usize) -> Result<Vec<Bytes>, ProtocolError> {
     let mut args = Vec::new();
     let mut i = 0;
     loop {
@@ -16,6 +18,12 @@ pub fn split(line: &[u8]) -> Result<Vec<Bytes>, ProtocolError> {
         }
         if i >= line.len() {
             return Ok(args);
+        }
+        if args.len() == max_args {
+            return Err(ProtocolError::TooManyElements {
+                count: (args.len() + 1) as i64,
+                max: max_args,
+            });
         }
         let mut arg = Vec::new();
         i = one_arg(line, i, &mut arg)?;
@@ -106,7 +114,7 @@ mod tests {
     use super::*;
 
     fn words(line: &str) -> Result<Vec<String>, ProtocolError> {
-        split(line.as_bytes()).map(|a| {
+        split(line.as_bytes(), 8).map(|a| {
             a.iter()
                 .map(|b| String::from_utf8_lossy(b).into_owned())
                 .collect()
@@ -120,6 +128,16 @@ mod tests {
             ["CL.THROTTLE", "user", "15", "30", "60"]
         );
         assert_eq!(words("   ").unwrap(), Vec::<String>::new());
+    }
+
+    #[test]
+    fn a_line_of_more_arguments_than_an_array_may_hold_is_refused() {
+        assert_eq!(words("a b c d e f g h").unwrap().len(), 8);
+        assert_eq!(words("a b c d e f g h   ").unwrap().len(), 8);
+        assert_eq!(
+            words("a b c d e f g h i"),
+            Err(ProtocolError::TooManyElements { count: 9, max: 8 })
+        );
     }
 
     #[test]
