@@ -400,6 +400,22 @@ async fn qr_check_with_an_unknown_limit_is_an_err_reply_naming_it() {
         other => panic!("expected an error, got {other:?}"),
     }
     assert_eq!(node.bad_requests("unknown_limit"), 1);
+    // A name may be as long as any argument over RESP; the error (and the log line) shows
+    // its first 128 bytes, with its line breaks as spaces.
+    let long = format!("a\nb{}", "x".repeat(60_000));
+    c.send(cmd(&format!("QR.CHECK {long} k 1")).as_bytes())
+        .await;
+    match c.frame().await {
+        Frame::Error(m) => {
+            let shown = format!("a b{}", "x".repeat(125));
+            assert!(
+                m.starts_with(&format!("ERR unknown limit `{shown}`;")),
+                "{m}"
+            );
+            assert!(m.len() < 400, "{} bytes", m.len());
+        }
+        other => panic!("expected an error, got {other:?}"),
+    }
 }
 
 #[tokio::test]

@@ -3,7 +3,7 @@
 //! Everything a client can get wrong is caught here, before any shard is touched, so a bad
 //! request changes no state.
 
-use super::{CheckError, CheckItem, CheckRequest, InlineLimit, LimitRef};
+use super::{shown, CheckError, CheckItem, CheckRequest, InlineLimit, LimitRef};
 use crate::config::NodeConfig;
 use crate::limiter::{Algorithm, Limit, Nanos};
 use crate::policy::{OnUnavailable, PolicySet};
@@ -137,9 +137,10 @@ fn item(
     }
     match &item.limit {
         LimitRef::Named(name) => {
-            let (limit, options) = policies
-                .get(name)
-                .ok_or_else(|| CheckError::UnknownLimit(name.clone(), policies.names()))?;
+            let (limit, options) = policies.get(name).ok_or_else(|| {
+                // Over RESP a name may be as long as an argument: shown bounded.
+                CheckError::UnknownLimit(shown(name.as_bytes(), 128), policies.names())
+            })?;
             let storage_key = concat(&[&options.key_prefix, &item.key]);
             let route = match config.sharding {
                 Sharding::Hash => fnv1a(storage_key.as_bytes()),

@@ -100,6 +100,15 @@ impl CheckResponse {
     }
 }
 
+/// At most `max` bytes of client input, printable in a one-line message (an error reply, a
+/// log line): control characters become spaces.
+pub fn shown(bytes: &[u8], max: usize) -> String {
+    String::from_utf8_lossy(&bytes[..bytes.len().min(max)])
+        .chars()
+        .map(|c| if c.is_control() { ' ' } else { c })
+        .collect()
+}
+
 /// Why a check was not decided. Rate limiting is a decision, not an error.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum CheckError {

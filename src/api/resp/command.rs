@@ -20,7 +20,7 @@
 
 use super::frame::{parse_int, Frame, Protocol};
 use crate::limiter::{Algorithm, MAX_PERIOD, SECOND};
-use crate::service::{CheckItem, CheckRequest, InlineLimit, LimitRef};
+use crate::service::{shown, CheckItem, CheckRequest, InlineLimit, LimitRef};
 use bytes::Bytes;
 
 /// A parsed request.
@@ -154,7 +154,7 @@ fn cluster(rest: &[&[u8]]) -> Result<Command, CommandError> {
     } else {
         Err(CommandError::Unknown(format!(
             "unknown subcommand '{}'. Try CLUSTER NODES, SLOTS, INFO, MYID or KEYSLOT.",
-            String::from_utf8_lossy(sub)
+            shown(sub, 128)
         )))
     }
 }
@@ -244,14 +244,6 @@ fn unknown(name: &[u8], rest: &[&[u8]]) -> CommandError {
         "unknown command '{}', with args beginning with: {shown_args}",
         shown(name, 128)
     ))
-}
-
-/// At most `max` bytes of client input, printable in a one-line message.
-pub fn shown(bytes: &[u8], max: usize) -> String {
-    String::from_utf8_lossy(&bytes[..bytes.len().min(max)])
-        .chars()
-        .map(|c| if c.is_control() { ' ' } else { c })
-        .collect()
 }
 
 /// `what` names the argument in the error; it is formatted only for an error.
@@ -428,7 +420,7 @@ fn hello(rest: &[&[u8]]) -> Result<Command, CommandError> {
         if takes == 0 || rest.len() < takes {
             return Err(CommandError::Invalid(format!(
                 "Syntax error in HELLO option '{}'",
-                String::from_utf8_lossy(option)
+                shown(option, 128)
             )));
         }
         options = &rest[takes..];
