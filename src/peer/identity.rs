@@ -40,6 +40,13 @@ pub struct Identities {
     /// An async lock: a new record is written (and synced) while it is held, so records
     /// reach the file in the order they were made, and no runtime thread waits on it.
     known: tokio::sync::Mutex<BTreeMap<NodeId, DataId>>,
+    /// Records made so far (counted under `known`'s lock) and, under its own lock, the number
+    /// of the one the file holds. A handshake that times out drops its `admit` while the
+    /// write goes on in the blocking pool; the next `admit` may then write too. The file lock
+    /// keeps the two writers off the one temporary file, and the count keeps an older record
+    /// from replacing a newer one.
+    made: std::sync::atomic::AtomicU64,
+    on_disk: std::sync::Arc<std::sync::Mutex<u64>>,
     /// The data directory the known ids are kept in (`None`: in memory only, for tests).
     dir: Option<PathBuf>,
     /// Write on the runtime, not the blocking pool (the simulation: see
@@ -63,6 +70,8 @@ impl Identities {
         Identities {
             own,
             known: tokio::sync::Mutex::new(BTreeMap::new()),
+            made: Default::default(),
+            on_disk: Default::default(),
             dir: None,
             io_on_runtime: false,
         }
@@ -125,6 +134,8 @@ impl Identities {
         Ok(Identities {
             own,
             known: tokio::sync::Mutex::new(known),
+            made: Default::default(),
+            on_disk: Default::default(),
             dir: Some(data_dir.to_path_buf()),
             io_on_runtime,
         })
@@ -168,8 +179,19 @@ impl Identities {
                 .map(|(n, id)| format!("{n} {id:032x}\n"))
                 .collect();
             let at = dir.clone();
+            let made = self.made.fetch_add(1, std::sync::atomic::Ordering::Relaxed) + 1;
+            let on_disk = std::sync::Arc::clone(&self.on_disk);
             let written = blocking_io(self.io_on_runtime, move || {
-                write_record(&at, PEERS_FILE, text.trim_end())
+                let mut on_disk = on_disk
+                    .lock()
+                    .unwrap_or_else(std::sync::PoisonError::into_inner);
+                if *on_disk > made {
+                    // A newer record is on disk (this admit's caller gave up: `made`).
+                    return Ok(());
+                }
+                write_record(&at, PEERS_FILE, text.trim_end())?;
+                *on_disk = made;
+                Ok(())
             })
             .await;
             if let Err(e) = written {
