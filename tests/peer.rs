@@ -389,6 +389,45 @@ async fn a_silent_connection_is_closed_after_the_handshake_timeout() {
     assert_eq!(get(&s.stats.handshake_failures), 1);
 }
 
+/// A host without the secret that opens connections and never authenticates holds at most
+/// `max_handshakes_per_addr` of the server's slots: the peers still get in.
+#[tokio::test]
+async fn connections_that_never_authenticate_from_one_address_keep_no_peer_out() {
+    let mut c = cfg(SERVER, SECRET);
+    c.max_connections = 6;
+    c.max_handshakes_per_addr = 4;
+    c.handshake_timeout = Duration::from_secs(5);
+    let s = Server::start(c).await;
+    // Twenty silent connections from 127.0.0.2 (another loopback address than the peer's).
+    let mut silent = Vec::new();
+    for _ in 0..20 {
+        let socket = tokio::net::TcpSocket::new_v4().unwrap();
+        socket.bind("127.0.0.2:0".parse().unwrap()).unwrap();
+        silent.push(socket.connect(s.addr).await.unwrap());
+    }
+    let stats = s.stats.clone();
+    until("the connections past four to be refused", || {
+        get(&stats.handshakes_refused) == 16
+    })
+    .await;
+    // The refused ones are closed at once, the four others wait in the handshake.
+    let mut closed = 0;
+    for sock in &mut silent {
+        let mut byte = [0u8; 1];
+        if let Ok(Ok(0)) =
+            tokio::time::timeout(Duration::from_millis(50), sock.read(&mut byte)).await
+        {
+            closed += 1;
+        }
+    }
+    assert_eq!(closed, 16);
+    // A peer (from 127.0.0.1) takes a fifth slot of six and is served.
+    let p = peers(cfg(CLIENT, SECRET), s.addr);
+    assert_eq!(p.call(SERVER, b"hi".to_vec(), LONG).await.unwrap(), b"1:hi");
+    assert_eq!(get(&s.stats.connections_rejected), 0);
+    assert_eq!(get(&s.stats.authenticated), 1);
+}
+
 #[tokio::test]
 async fn a_peer_claiming_the_servers_own_id_or_an_unknown_id_is_refused() {
     let mut c = cfg(SERVER, SECRET);

@@ -53,7 +53,9 @@
 //! - the calls waiting on one connection are capped ([`PeerConfig::max_in_flight`]), as are the
 //!   handlers running for one connection ([`PeerConfig::max_concurrent_requests`]), the time a
 //!   handler may take ([`PeerConfig::handler_timeout`]) and the accepted connections
-//!   ([`PeerConfig::max_connections`]).
+//!   ([`PeerConfig::max_connections`]), of which those still in the handshake from any one
+//!   address ([`PeerConfig::max_handshakes_per_addr`]: a host without the secret cannot take
+//!   every slot with connections it never authenticates, and keep the peers out).
 //!
 //! When a connection dies, every call waiting on it fails exactly once with
 //! [`PeerError::ConnectionLost`]; the next call reconnects at once, and after a failed connect
@@ -112,6 +114,11 @@ pub struct PeerConfig {
     pub max_concurrent_requests: usize,
     /// Accepted connections (including ones still in the handshake); more are closed at once.
     pub max_connections: usize,
+    /// Connections from one IP address still in the handshake; more from it are closed at
+    /// once. An address that opens connections and never authenticates (it has no secret)
+    /// holds at most this many of the `max_connections` slots, each for at most
+    /// `handshake_timeout`.
+    pub max_handshakes_per_addr: usize,
     /// The cluster places keys by hash slot: sent in the handshake, and a peer that places
     /// them otherwise is refused (see [`handshake::SLOTS_BIT`]).
     pub slot_sharding: bool,
@@ -157,6 +164,7 @@ impl PeerConfig {
             max_in_flight: 4096,
             max_concurrent_requests: 1024,
             max_connections: 256,
+            max_handshakes_per_addr: 8,
             slot_sharding: false,
             identities: None,
             connect_timeout: Duration::from_secs(2),
@@ -184,10 +192,14 @@ impl PeerConfig {
                 frame::PREFIX
             ));
         }
-        if self.max_in_flight == 0 || self.max_concurrent_requests == 0 || self.max_connections == 0
+        if self.max_in_flight == 0
+            || self.max_concurrent_requests == 0
+            || self.max_connections == 0
+            || self.max_handshakes_per_addr == 0
         {
             return Err(
-                "max_in_flight, max_concurrent_requests and max_connections must be at least 1"
+                "max_in_flight, max_concurrent_requests, max_connections and \
+                 max_handshakes_per_addr must be at least 1"
                     .into(),
             );
         }
@@ -223,6 +235,7 @@ impl fmt::Debug for PeerConfig {
             .field("max_in_flight", &self.max_in_flight)
             .field("max_concurrent_requests", &self.max_concurrent_requests)
             .field("max_connections", &self.max_connections)
+            .field("max_handshakes_per_addr", &self.max_handshakes_per_addr)
             .field("slot_sharding", &self.slot_sharding)
             .field("identities", &self.identities)
             .field("connect_timeout", &self.connect_timeout)
@@ -305,6 +318,9 @@ pub struct PeerStats {
     pub protocol_errors: AtomicU64,
     /// Connections closed at once because `max_connections` were open.
     pub connections_rejected: AtomicU64,
+    /// Connections closed at once because `max_handshakes_per_addr` connections from the
+    /// same address were still in the handshake.
+    pub handshakes_refused: AtomicU64,
     /// Requests answered [`PeerError::Busy`].
     pub busy: AtomicU64,
     /// Requests whose handler ran.

@@ -5,11 +5,12 @@ use super::frame::{self, read_frame, Frame, FrameError, Kind};
 use super::{handshake, Handler, NodeId, Nonces, PeerConfig, PeerStats};
 use crate::net::{Listener, Stream};
 use futures::FutureExt;
+use std::collections::HashMap;
 use std::future::Future;
 use std::io;
-use std::net::SocketAddr;
+use std::net::{IpAddr, SocketAddr};
 use std::panic::AssertUnwindSafe;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 use tokio::io::BufReader;
 use tokio::sync::{mpsc, watch, OwnedSemaphorePermit, Semaphore};
@@ -33,6 +34,49 @@ struct Shared {
     handler: Handler,
     nonces: Nonces,
     stats: Arc<PeerStats>,
+    /// Connections still in the handshake, per source address (no entry: none).
+    handshaking: Mutex<HashMap<IpAddr, usize>>,
+}
+
+/// A connection's place among its address's handshakes; given up when dropped.
+struct Handshaking {
+    shared: Arc<Shared>,
+    ip: IpAddr,
+}
+
+impl Handshaking {
+    /// A place for a handshake from `ip`, unless `max_handshakes_per_addr` are under way.
+    fn enter(shared: &Arc<Shared>, ip: IpAddr) -> Option<Handshaking> {
+        let mut counts = shared
+            .handshaking
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        let n = counts.entry(ip).or_insert(0);
+        if *n >= shared.cfg.max_handshakes_per_addr {
+            return None;
+        }
+        *n += 1;
+        Some(Handshaking {
+            shared: Arc::clone(shared),
+            ip,
+        })
+    }
+}
+
+impl Drop for Handshaking {
+    fn drop(&mut self) {
+        let mut counts = self
+            .shared
+            .handshaking
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        if let Some(n) = counts.get_mut(&self.ip) {
+            *n -= 1;
+            if *n == 0 {
+                counts.remove(&self.ip);
+            }
+        }
+    }
 }
 
 impl PeerServer {
@@ -77,6 +121,7 @@ impl PeerServer {
             handler: self.handler,
             nonces: self.nonces,
             stats: self.stats,
+            handshaking: Mutex::default(),
         });
         let mut conns = JoinSet::new();
         tokio::pin!(shutdown);
@@ -100,7 +145,13 @@ impl PeerServer {
                         warn!(%addr, "peer connection refused: max_connections are open");
                         continue;
                     };
-                    conns.spawn(connection(stream, addr, shared.clone(), slot));
+                    // Not logged one by one (a flood would flood the log): counted.
+                    let Some(place) = Handshaking::enter(&shared, addr.ip()) else {
+                        PeerStats::bump(&shared.stats.handshakes_refused);
+                        debug!(%addr, "peer connection refused: max_handshakes_per_addr from its address");
+                        continue;
+                    };
+                    conns.spawn(connection(stream, addr, shared.clone(), slot, place));
                 }
             }
         }
@@ -129,15 +180,17 @@ async fn connection<S: Stream>(
     addr: SocketAddr,
     sh: Arc<Shared>,
     _slot: OwnedSemaphorePermit,
+    place: Handshaking,
 ) {
     let cfg = &sh.cfg;
     let nonce = sh.nonces.nonce();
-    let from = match tokio::time::timeout(
+    let shook = tokio::time::timeout(
         cfg.handshake_timeout,
         handshake::server(&mut stream, cfg, nonce),
     )
-    .await
-    {
+    .await;
+    drop(place);
+    let from = match shook {
         Ok(Ok(from)) => from,
         Ok(Err(e)) => {
             PeerStats::bump(&sh.stats.handshake_failures);
