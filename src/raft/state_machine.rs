@@ -59,7 +59,11 @@ pub struct ShardMachine {
     bounds: Bounds,
     last_applied: Option<LogId<NodeId>>,
     membership: Membership,
+    /// The snapshot in the file: set only together with the file's write (see [`persist`]).
     current: Arc<Mutex<Option<Stored>>>,
+    /// Held while the snapshot file is written: a build (openraft runs it as a task of its
+    /// own) and an install may finish at once.
+    writing: Arc<Mutex<()>>,
     path: PathBuf,
     info: Arc<MachineInfo>,
     /// Snapshots built by this process, to name them uniquely.
@@ -95,6 +99,7 @@ impl ShardMachine {
             last_applied: None,
             membership: Membership::default(),
             current: Arc::new(Mutex::new(None)),
+            writing: Arc::default(),
             path,
             info: Arc::new(MachineInfo::default()),
             built: Arc::new(AtomicU64::new(0)),
@@ -134,18 +139,24 @@ impl ShardMachine {
         self.info.clone()
     }
 
+    /// At open: the snapshot in the file becomes the state, and the current snapshot.
     fn restore(&mut self, meta: Meta, image: &[u8]) -> Result<(), String> {
         let state = ShardState::from_image(image, self.bounds)?;
-        self.publish(&state, meta.last_log_id);
-        self.note_removed(&state);
-        *lock(&self.state) = state;
-        self.last_applied = meta.last_log_id;
-        self.membership = meta.last_membership.clone();
+        self.take_state(&meta, state);
         *lock(&self.current) = Some(Stored {
             meta,
             data: Arc::new(image.to_vec()),
         });
         Ok(())
+    }
+
+    /// `state`, decoded from the snapshot `meta` describes, becomes this replica's state.
+    fn take_state(&mut self, meta: &Meta, state: ShardState) {
+        self.publish(&state, meta.last_log_id);
+        self.note_removed(&state);
+        *lock(&self.state) = state;
+        self.last_applied = meta.last_log_id;
+        self.membership = meta.last_membership.clone();
     }
 
     /// Publishes the ids removed from the group (`MachineInfo::removed`), and tells
@@ -214,10 +225,29 @@ fn split_snapshot(bytes: &[u8]) -> Result<(Meta, &[u8]), String> {
     Ok((meta, &bytes[4 + len..]))
 }
 
-fn persist(path: &Path, stored: &Stored) -> std::io::Result<()> {
+/// Writes `stored` to the snapshot file and makes it the current snapshot, unless the file
+/// holds a newer one: a build that finishes after an install of a newer snapshot (openraft
+/// builds in a task of its own) must not put its older image back in the file, nor offer it
+/// to lagging followers, once openraft has purged the log the newer one covers. Returns
+/// whether it wrote. Blocking; the writes of one group are serialized by `writing`.
+fn persist(
+    path: &Path,
+    stored: &Stored,
+    current: &Mutex<Option<Stored>>,
+    writing: &Mutex<()>,
+) -> std::io::Result<bool> {
+    let _writing = lock(writing);
+    let newer = lock(current)
+        .as_ref()
+        .is_some_and(|c| c.meta.last_log_id > stored.meta.last_log_id);
+    if newer {
+        return Ok(false);
+    }
     let meta = encode_meta(&stored.meta);
     let len = (meta.len() as u32).to_le_bytes();
-    write_durably(path, &[&len, &meta, &stored.data])
+    write_durably(path, &[&len, &meta, &stored.data])?;
+    *lock(current) = Some(stored.clone());
+    Ok(true)
 }
 
 pub struct ShardSnapshotBuilder {
@@ -226,6 +256,7 @@ pub struct ShardSnapshotBuilder {
     stored: Stored,
     path: PathBuf,
     current: Arc<Mutex<Option<Stored>>>,
+    writing: Arc<Mutex<()>>,
     info: Arc<MachineInfo>,
 }
 
@@ -234,10 +265,13 @@ impl RaftSnapshotBuilder<TypeConfig> for ShardSnapshotBuilder {
         let stored = self.stored.clone();
         let path = self.path.clone();
         let written = stored.clone();
-        crate::member::blocking_io(self.inline, move || persist(&path, &written))
-            .await
-            .map_err(snap_write)?;
-        *lock(&self.current) = Some(stored.clone());
+        let (current, writing) = (self.current.clone(), self.writing.clone());
+        // Built anyway if a newer snapshot is in the file: openraft keeps its newer one.
+        crate::member::blocking_io(self.inline, move || {
+            persist(&path, &written, &current, &writing)
+        })
+        .await
+        .map_err(snap_write)?;
         self.info.snapshots.fetch_add(1, Ordering::Relaxed);
         Ok(Snapshot {
             meta: stored.meta,
@@ -322,6 +356,7 @@ impl RaftStateMachine<TypeConfig> for ShardMachine {
             },
             path: self.path.clone(),
             current: self.current.clone(),
+            writing: self.writing.clone(),
             info: self.info.clone(),
         }
     }
@@ -338,16 +373,22 @@ impl RaftStateMachine<TypeConfig> for ShardMachine {
         snapshot: Box<Cursor<Vec<u8>>>,
     ) -> Result<(), StorageError<NodeId>> {
         let data = snapshot.into_inner();
+        // Decoded before it replaces the file: an image that does not decode leaves the
+        // snapshot on disk (and the state) as they were.
+        let state = ShardState::from_image(&data, self.bounds).map_err(sm_read)?;
         let stored = Stored {
             meta: meta.clone(),
             data: Arc::new(data),
         };
         // On disk first: once installed, openraft may purge the log it replaces.
-        let (path, written) = (self.path.clone(), stored.clone());
-        crate::member::blocking_io(self.hooks.io_on_runtime, move || persist(&path, &written))
-            .await
-            .map_err(snap_write)?;
-        self.restore(meta.clone(), &stored.data).map_err(sm_read)?;
+        let (path, written) = (self.path.clone(), stored);
+        let (current, writing) = (self.current.clone(), self.writing.clone());
+        crate::member::blocking_io(self.hooks.io_on_runtime, move || {
+            persist(&path, &written, &current, &writing)
+        })
+        .await
+        .map_err(snap_write)?;
+        self.take_state(meta, state);
         self.info.installed.fetch_add(1, Ordering::Relaxed);
         Ok(())
     }
@@ -446,5 +487,70 @@ mod tests {
             .unwrap();
         let (_, again) = replica(3, "a");
         assert!(again.is_known());
+    }
+
+    /// The index of the snapshot `sm` offers, and of the one a restart from `dir` restores.
+    async fn snapshot_indexes(sm: &mut ShardMachine, dir: &Path) -> (u64, u64) {
+        let offered = sm.get_current_snapshot().await.unwrap().unwrap();
+        let mut reopened = ShardMachine::open(dir, 0, bounds()).unwrap();
+        let (restored, _) = reopened.applied_state().await.unwrap();
+        (
+            offered.meta.last_log_id.unwrap().index,
+            restored.unwrap().index,
+        )
+    }
+
+    /// openraft builds a snapshot in a task of its own, so an install of a newer snapshot can
+    /// finish first (a lagging follower receives the leader's); openraft then purges the log
+    /// up to the newer one, and the older image must not replace it in the file (a restart
+    /// could not re-apply the purged log) nor be offered to followers.
+    #[tokio::test]
+    async fn a_build_that_finishes_after_a_newer_install_leaves_the_newer_snapshot() {
+        let dir = tempfile::tempdir().unwrap();
+        let (lagging_dir, ahead_dir) = (dir.path().join("lagging"), dir.path().join("ahead"));
+        let mut lagging = ShardMachine::open(&lagging_dir, 0, bounds()).unwrap();
+        lagging.apply([membership(1, &[1, 2, 3])]).await.unwrap();
+        let mut build = lagging.get_snapshot_builder().await;
+        let mut ahead = ShardMachine::open(&ahead_dir, 0, bounds()).unwrap();
+        ahead
+            .apply([
+                membership(1, &[1, 2, 3]),
+                membership(2, &[1, 2, 3, 4]),
+                membership(3, &[2, 3, 4]),
+            ])
+            .await
+            .unwrap();
+        let newer = ahead
+            .get_snapshot_builder()
+            .await
+            .build_snapshot()
+            .await
+            .unwrap();
+        lagging
+            .install_snapshot(&newer.meta, newer.snapshot)
+            .await
+            .unwrap();
+        let late = build.build_snapshot().await.unwrap();
+        assert_eq!(late.meta.last_log_id.unwrap().index, 1);
+        assert_eq!(snapshot_indexes(&mut lagging, &lagging_dir).await, (3, 3));
+    }
+
+    #[tokio::test]
+    async fn a_received_image_that_does_not_decode_changes_nothing() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut sm = ShardMachine::open(dir.path(), 0, bounds()).unwrap();
+        sm.apply([membership(1, &[1, 2, 3])]).await.unwrap();
+        let built = sm
+            .get_snapshot_builder()
+            .await
+            .build_snapshot()
+            .await
+            .unwrap();
+        let mut meta = built.meta.clone();
+        meta.last_log_id = Some(LogId::new(CommittedLeaderId::new(2, 1), 9));
+        let garbage = Box::new(Cursor::new(vec![0xff; 64]));
+        assert!(sm.install_snapshot(&meta, garbage).await.is_err());
+        assert_eq!(sm.applied_state().await.unwrap().0.unwrap().index, 1);
+        assert_eq!(snapshot_indexes(&mut sm, dir.path()).await, (1, 1));
     }
 }
