@@ -54,8 +54,12 @@ impl<C: Connector> Transport for PeerTransport<C> {
 
 impl LogFactory for NodeLog {
     type Log = GroupLog;
-    fn log(&mut self, group: GroupId) -> Result<GroupLog, String> {
-        Ok(self.group(group))
+    fn log(
+        &mut self,
+        group: GroupId,
+        snapshot: tokio::sync::watch::Receiver<u64>,
+    ) -> Result<GroupLog, String> {
+        Ok(self.group_after_snapshots(group, snapshot))
     }
 }
 

@@ -687,6 +687,34 @@ async fn truncate_returns_only_after_the_sync() {
     );
 }
 
+/// openraft purges the log as soon as it has asked the state machine to install a received
+/// snapshot, while the snapshot file is still being written: the purge must wait until the
+/// snapshot durably covers what it deletes, or a crash could leave the log purged past the
+/// only snapshot on disk.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_purge_waits_until_a_durable_snapshot_covers_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let node = open(dir.path(), options());
+    let (mark, snapshot) = tokio::sync::watch::channel(3u64);
+    let mut log = node.group_after_snapshots(4, snapshot);
+    log.blocking_append(entries(1, 1..=10)).await.unwrap();
+    // Covered already: at once.
+    log.purge(log_id(1, 1, 3)).await.unwrap();
+    let mut purging = log.clone();
+    let purge = tokio::spawn(async move { purging.purge(log_id(1, 1, 8)).await });
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    assert!(
+        !purge.is_finished(),
+        "the purge went ahead before a snapshot covered it"
+    );
+    assert_eq!(seen(&mut log).await.last_purged, Some(log_id(1, 1, 3)));
+    mark.send(8).unwrap();
+    purge.await.unwrap().unwrap();
+    let now = seen(&mut log).await;
+    assert_eq!(now.last_purged, Some(log_id(1, 1, 8)));
+    assert_eq!(indexes(&now.entries), vec![9, 10]);
+}
+
 // ---------------------------------------------------------------------------------------------
 // Records openraft does not wait for cause no sync of their own.
 

@@ -272,7 +272,13 @@ pub struct GroupStatus {
 /// Builds a group's log storage (the node's shared WAL hands these out).
 pub trait LogFactory {
     type Log: RaftLogStorage<TypeConfig>;
-    fn log(&mut self, group: GroupId) -> Result<Self::Log, String>;
+    /// `snapshot`: the group's durable snapshot mark (`ShardMachine::snapshot_mark`), which
+    /// the log's purges wait for.
+    fn log(
+        &mut self,
+        group: GroupId,
+        snapshot: tokio::sync::watch::Receiver<u64>,
+    ) -> Result<Self::Log, String>;
 }
 
 pub struct Cluster {
@@ -353,7 +359,7 @@ impl Cluster {
             sm.set_node(config.node_id, config.hooks.clone(), removed.clone());
             let info = sm.info();
             let info_state = sm.state();
-            let mut log = logs.log(g)?;
+            let mut log = logs.log(g, sm.snapshot_mark())?;
             // The term this node led when it stopped, if it did (its saved vote is its own
             // and committed): openraft restores it as that term's leader, and the voters
             // may still hold waivers of that leadership (see `propose_loop`).

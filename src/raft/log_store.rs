@@ -38,10 +38,15 @@
 //!   log (openraft then purges to the snapshot and takes the log to end there, while this
 //!   store still held them behind the next appends). Conflict truncations are rare (a new
 //!   leader's log differing from this follower's uncommitted tail), and so is their sync.
-//! - `purge` does not wait, and causes no sync of its own
-//!   ([`crate::wal::Reserved::submit_unsynced`]): it is written in its place in the stream
-//!   and made durable by the next sync. A lost purge only brings back entries the state
-//!   machine already covers.
+//! - `purge` causes no sync of its own ([`crate::wal::Reserved::submit_unsynced`]): it is
+//!   written in its place in the stream and made durable by the next sync. A lost purge only
+//!   brings back entries the state machine already covers. But a purge must not be on disk
+//!   before the snapshot that covers what it deletes: openraft purges as soon as it has
+//!   asked for a received snapshot to be installed, while the install is still writing the
+//!   snapshot file, and a crash then would leave the log purged past the old snapshot (the
+//!   restart cannot re-apply what is gone). So a purge first waits (up to 30 s, then goes
+//!   ahead with a warning) until the group's snapshot file durably covers its index
+//!   ([`NodeLog::group_after_snapshots`]); after a snapshot this node built, it already does.
 //! - `save_committed` does not even queue a submission: the id is left with the WAL
 //!   ([`crate::wal::Wal::defer_latest`], the latest per group) and written after the
 //!   writer's next batch of any group, or at close. openraft saves it after every commit on
@@ -76,6 +81,7 @@ use openraft::storage::{LogFlushed, LogState, RaftLogReader, RaftLogStorage};
 use openraft::{ErrorSubject, ErrorVerb, LogId, OptionalSend, StorageError, Vote};
 use serde::de::DeserializeOwned;
 use serde::Serialize;
+use tokio::sync::watch;
 
 use super::types::{GroupId, NodeId, TypeConfig};
 use crate::wal::{Batch, Durable, Record, Reserved, Wal, WalOptions};
@@ -295,6 +301,20 @@ impl NodeLog {
             wal: self.wal.clone(),
             state,
             ack_before_durable: self.ack_before_durable,
+            snapshot: None,
+        }
+    }
+
+    /// [`NodeLog::group`], whose purges wait until `snapshot` (the group's state machine's
+    /// `snapshot_mark`) covers what they delete (see the module docs).
+    pub fn group_after_snapshots(
+        &self,
+        group: GroupId,
+        snapshot: watch::Receiver<u64>,
+    ) -> GroupLog {
+        GroupLog {
+            snapshot: Some(snapshot),
+            ..self.group(group)
         }
     }
 
@@ -342,6 +362,9 @@ pub struct GroupLog {
     wal: Wal,
     state: Shared,
     ack_before_durable: bool,
+    /// The last index the group's snapshot file covers durably (its state machine's
+    /// `snapshot_mark`); a purge waits for it. `None`: no wait (tests of the store alone).
+    snapshot: Option<watch::Receiver<u64>>,
 }
 
 fn storage_error(
@@ -408,6 +431,10 @@ impl GroupLog {
         Ok(batch)
     }
 }
+
+/// How long a purge waits for the snapshot that covers it to be durable (a received
+/// snapshot's install: its write and fsync) before it goes ahead anyway.
+const SNAPSHOT_WAIT: std::time::Duration = std::time::Duration::from_secs(30);
 
 /// `range` as `start..end` (end `None` for unbounded); `None` if it is empty.
 fn index_range(range: &impl RangeBounds<u64>) -> Option<(u64, Option<u64>)> {
@@ -551,6 +578,19 @@ impl RaftLogStorage<TypeConfig> for GroupLog {
 
     async fn purge(&mut self, log_id: LogId<NodeId>) -> StorageResult<()> {
         let fail = |e| storage_error(ErrorSubject::Logs, ErrorVerb::Delete, e);
+        if let Some(snapshot) = &mut self.snapshot {
+            let covered = snapshot.wait_for(|&durable| durable >= log_id.index);
+            match tokio::time::timeout(SNAPSHOT_WAIT, covered).await {
+                Ok(Ok(_)) => {}
+                // The state machine is gone: the group is shutting down.
+                Ok(Err(_)) => {}
+                Err(_) => tracing::warn!(
+                    group = self.group,
+                    upto = log_id.index,
+                    "purging the log before a snapshot covering it is on disk (none after {SNAPSHOT_WAIT:?})"
+                ),
+            }
+        }
         let batch = self.one_record(kind::PURGE, &log_id).map_err(fail)?;
         // Not awaited: a lost purge is harmless (module docs).
         self.write_unsynced(batch, |s| s.purge(log_id))

@@ -25,6 +25,7 @@ use std::io::{Cursor, Write};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
+use tokio::sync::watch;
 
 type Membership = StoredMembership<NodeId, BasicNode>;
 type Meta = SnapshotMeta<NodeId, BasicNode>;
@@ -64,6 +65,9 @@ pub struct ShardMachine {
     /// Held while the snapshot file is written: a build (openraft runs it as a task of its
     /// own) and an install may finish at once.
     writing: Arc<Mutex<()>>,
+    /// The last index the snapshot file covers, once it is durable: the group's log store
+    /// purges no further ([`ShardMachine::snapshot_mark`]).
+    durable: Arc<watch::Sender<u64>>,
     path: PathBuf,
     info: Arc<MachineInfo>,
     /// Snapshots built by this process, to name them uniquely.
@@ -100,6 +104,7 @@ impl ShardMachine {
             membership: Membership::default(),
             current: Arc::new(Mutex::new(None)),
             writing: Arc::default(),
+            durable: Arc::new(watch::channel(0).0),
             path,
             info: Arc::new(MachineInfo::default()),
             built: Arc::new(AtomicU64::new(0)),
@@ -130,6 +135,14 @@ impl ShardMachine {
         self.note_removed(&lock(&self.state));
     }
 
+    /// The last log index the snapshot file covers, durably. openraft purges the log as soon
+    /// as it has asked for a received snapshot to be installed, not once it is: the log store
+    /// waits on this so a purge is never on disk before the snapshot that replaces what it
+    /// deletes (`raft::log_store`).
+    pub fn snapshot_mark(&self) -> watch::Receiver<u64> {
+        self.durable.subscribe()
+    }
+
     /// The shard state (shared, for status and tests).
     pub fn state(&self) -> Arc<Mutex<ShardState>> {
         self.state.clone()
@@ -143,6 +156,7 @@ impl ShardMachine {
     fn restore(&mut self, meta: Meta, image: &[u8]) -> Result<(), String> {
         let state = ShardState::from_image(image, self.bounds)?;
         self.take_state(&meta, state);
+        mark_durable(&self.durable, &meta);
         *lock(&self.current) = Some(Stored {
             meta,
             data: Arc::new(image.to_vec()),
@@ -235,6 +249,7 @@ fn persist(
     stored: &Stored,
     current: &Mutex<Option<Stored>>,
     writing: &Mutex<()>,
+    durable: &watch::Sender<u64>,
 ) -> std::io::Result<bool> {
     let _writing = lock(writing);
     let newer = lock(current)
@@ -246,8 +261,21 @@ fn persist(
     let meta = encode_meta(&stored.meta);
     let len = (meta.len() as u32).to_le_bytes();
     write_durably(path, &[&len, &meta, &stored.data])?;
+    mark_durable(durable, &stored.meta);
     *lock(current) = Some(stored.clone());
     Ok(true)
+}
+
+/// Raises the durable snapshot mark to what `meta` covers.
+fn mark_durable(durable: &watch::Sender<u64>, meta: &Meta) {
+    let index = meta.last_log_id.map_or(0, |l| l.index);
+    durable.send_if_modified(|d| {
+        let raise = index > *d;
+        if raise {
+            *d = index;
+        }
+        raise
+    });
 }
 
 pub struct ShardSnapshotBuilder {
@@ -257,6 +285,7 @@ pub struct ShardSnapshotBuilder {
     path: PathBuf,
     current: Arc<Mutex<Option<Stored>>>,
     writing: Arc<Mutex<()>>,
+    durable: Arc<watch::Sender<u64>>,
     info: Arc<MachineInfo>,
 }
 
@@ -266,9 +295,10 @@ impl RaftSnapshotBuilder<TypeConfig> for ShardSnapshotBuilder {
         let path = self.path.clone();
         let written = stored.clone();
         let (current, writing) = (self.current.clone(), self.writing.clone());
+        let durable = self.durable.clone();
         // Built anyway if a newer snapshot is in the file: openraft keeps its newer one.
         crate::member::blocking_io(self.inline, move || {
-            persist(&path, &written, &current, &writing)
+            persist(&path, &written, &current, &writing, &durable)
         })
         .await
         .map_err(snap_write)?;
@@ -357,6 +387,7 @@ impl RaftStateMachine<TypeConfig> for ShardMachine {
             path: self.path.clone(),
             current: self.current.clone(),
             writing: self.writing.clone(),
+            durable: self.durable.clone(),
             info: self.info.clone(),
         }
     }
@@ -383,8 +414,9 @@ impl RaftStateMachine<TypeConfig> for ShardMachine {
         // On disk first: once installed, openraft may purge the log it replaces.
         let (path, written) = (self.path.clone(), stored);
         let (current, writing) = (self.current.clone(), self.writing.clone());
+        let durable = self.durable.clone();
         crate::member::blocking_io(self.hooks.io_on_runtime, move || {
-            persist(&path, &written, &current, &writing)
+            persist(&path, &written, &current, &writing, &durable)
         })
         .await
         .map_err(snap_write)?;
@@ -494,6 +526,11 @@ mod tests {
         let offered = sm.get_current_snapshot().await.unwrap().unwrap();
         let mut reopened = ShardMachine::open(dir, 0, bounds()).unwrap();
         let (restored, _) = reopened.applied_state().await.unwrap();
+        assert_eq!(
+            *reopened.snapshot_mark().borrow(),
+            restored.unwrap().index,
+            "the snapshot restored at open covers the log up to its index, durably"
+        );
         (
             offered.meta.last_log_id.unwrap().index,
             restored.unwrap().index,
@@ -530,8 +567,11 @@ mod tests {
             .install_snapshot(&newer.meta, newer.snapshot)
             .await
             .unwrap();
+        // Durable: the log store may purge up to it.
+        assert_eq!(*lagging.snapshot_mark().borrow(), 3);
         let late = build.build_snapshot().await.unwrap();
         assert_eq!(late.meta.last_log_id.unwrap().index, 1);
+        assert_eq!(*lagging.snapshot_mark().borrow(), 3);
         assert_eq!(snapshot_indexes(&mut lagging, &lagging_dir).await, (3, 3));
     }
 
