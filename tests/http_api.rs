@@ -514,6 +514,77 @@ async fn reload_reports_what_changed_or_why_not() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reload_that_gives_two_limits_overlapping_key_prefixes_is_refused_and_changes_nothing() {
+    // The shipped policies plus a limit whose prefix `login:` is a prefix of `login`'s
+    // `login:account:`: its key `account:eve` would be `login`'s key `eve`.
+    let policies = |prefix: &str| {
+        format!(
+            "{}\n[limits.login_window]\nalgorithm = \"fixed_window\"\nlimit = 100\n\
+             period = \"1m\"\nkey_prefix = \"{prefix}\"\n",
+            include_str!("../quorate.toml")
+        )
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("quorate.toml");
+    std::fs::write(&file, policies("login:")).unwrap();
+    let config = NodeConfig {
+        policies: Some(file.clone()),
+        ..NodeConfig::default()
+    };
+    let srv = Server::start_with(config, Arc::new(SystemClock::new())).await;
+    let remaining = |r: Reply| {
+        assert_eq!(r.status_line, "HTTP/1.1 200 OK", "{}", r.body);
+        r.json()["checks"][0]["remaining"].clone()
+    };
+    for left in [4, 3] {
+        let r = srv.post("/v1/check", &check("login", "eve", 1)).await;
+        assert_eq!(remaining(r), json!(left));
+    }
+
+    let r = srv.post("/v1/admin/reload", "").await;
+    assert_eq!(r.status_line, "HTTP/1.1 400 Bad Request", "{}", r.body);
+    let body = r.json();
+    assert_eq!(body["reason"], json!("reload_failed"));
+    let error = body["error"].as_str().unwrap();
+    for part in [
+        "`login`",
+        "`login_window`",
+        "\"login:\"",
+        "\"login:account:\"",
+        "not a prefix of another",
+    ] {
+        assert!(error.contains(part), "{part}: {error}");
+    }
+    // The old policies stay in force: `login` keeps its state and its limit of 5, and the
+    // refused limit does not exist.
+    let r = srv.post("/v1/check", &check("login", "eve", 1)).await;
+    assert_eq!(remaining(r), json!(2));
+    let r = srv
+        .post("/v1/check", &check("login_window", "account:eve", 1))
+        .await;
+    assert_eq!(r.status_line, "HTTP/1.1 400 Bad Request");
+    assert_eq!(r.json()["reason"], json!("unknown_limit"));
+    let status = srv.get("/v1/admin/status").await.json();
+    assert!(!status["limits"]
+        .as_array()
+        .unwrap()
+        .contains(&json!("login_window")));
+
+    // The same file with a prefix of its own is taken, and `login` still counts from 2.
+    std::fs::write(&file, policies("login:window:")).unwrap();
+    let r = srv.post("/v1/admin/reload", "").await;
+    assert_eq!(r.status_line, "HTTP/1.1 200 OK", "{}", r.body);
+    assert_eq!(r.json()["added"], json!(["login_window"]));
+    let r = srv.post("/v1/check", &check("login", "eve", 1)).await;
+    assert_eq!(remaining(r), json!(1));
+    let r = srv
+        .post("/v1/check", &check("login_window", "account:eve", 1))
+        .await;
+    assert_eq!(remaining(r), json!(99));
+    srv.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn unknown_paths_are_404_and_wrong_methods_405_in_json() {
     let srv = Server::start().await;
     let r = srv.get("/v2/nothing").await;

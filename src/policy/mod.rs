@@ -7,6 +7,8 @@
 //! period = "1m"               # 1ns .. 366d, humantime syntax: "500ms", "1s", "15m", "1h", "1d"
 //! burst = 5                   # bucket capacity (token_bucket, gcra, leaky_queue); default: limit
 //! key_prefix = "login:"       # namespace of this limit's keys (default "NAME:"); names the key type in logs
+//!                             # (not empty, not a prefix of another limit's, neither a prefix of
+//!                             # "inline:" nor starting with it: see `check_key_prefixes`)
 //! shadow = false              # true: decide, log and count, but always admit
 //! on_unavailable = "deny"     # deny | allow | local: the answer when the node cannot decide
 //! consistency = "strict"      # strict | fast (used by the cluster)
@@ -15,6 +17,11 @@
 //! allow = false               # accept limits given in the request (CL.THROTTLE, inline JSON)
 //! ```
 //!
+//! A limit's storage key is its `key_prefix` followed by the client's key, so two limits whose
+//! prefixes are equal or one a prefix of the other could share a key's state (`api:` with the
+//! client key `v2:x` is `api:v2:` with `x`): such a file is refused, as is an empty prefix and
+//! one that overlaps [`INLINE_KEY_PREFIX`], the start of every inline limit's storage key.
+//!
 //! Errors name the limit, the field and the fix. Limits are kept in name order so every
 //! report and every iteration over them is deterministic.
 
@@ -22,6 +29,10 @@ use crate::limiter::{Algorithm, Limit, Nanos, MAX_PERIOD};
 use serde::Deserialize;
 use std::collections::BTreeMap;
 use std::path::Path;
+
+/// The start of every inline limit's storage key (`inline:ALGORITHM:LIMIT:PERIOD_NS:BURST:KEY`,
+/// built in `src/service/resolve.rs`): no named limit's `key_prefix` may overlap it.
+pub const INLINE_KEY_PREFIX: &str = "inline:";
 
 /// A validated set of named limits.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -91,6 +102,31 @@ pub enum PolicyFileError {
     Invalid { name: String, message: String },
     #[error("the policy file defines no limits; add a [limits.NAME] table")]
     Empty,
+    /// Two limits whose storage keys can be the same (`first_prefix` is a prefix of, or equal
+    /// to, `second_prefix`).
+    #[error(
+        "limits `{first}` (key_prefix \"{first_prefix}\") and `{second}` (key_prefix \"{second_prefix}\") \
+         can share keys: a storage key is the key_prefix followed by the client's key, and {}, \
+         so a client of one limit could spend or reset the other's keys (a limit without \
+         `key_prefix` has \"NAME:\"); give each limit a distinct key_prefix that is not a \
+         prefix of another's, each ending in `:` (\"api:\" and \"api:v2:\" overlap, \
+         \"api:v1:\" and \"api:v2:\" do not)",
+        overlap(first_prefix, second_prefix)
+    )]
+    KeyPrefixOverlap {
+        first: String,
+        first_prefix: String,
+        second: String,
+        second_prefix: String,
+    },
+}
+
+fn overlap(first: &str, second: &str) -> String {
+    if first == second {
+        "the two prefixes are the same".into()
+    } else {
+        format!("\"{first}\" is a prefix of \"{second}\"")
+    }
 }
 
 #[derive(Debug, Deserialize)]
@@ -174,6 +210,7 @@ impl PolicySet {
             );
             limits.insert(name, limit);
         }
+        check_key_prefixes(&options)?;
         Ok(PolicySet {
             limits,
             options,
@@ -240,12 +277,71 @@ impl PolicySet {
                 (n.clone(), o)
             })
             .collect();
+        debug_assert!(check_key_prefixes(&options).is_ok());
         PolicySet {
             limits,
             options,
             inline: InlineRules::default(),
         }
     }
+}
+
+/// Refuses key prefixes under which two limits could share a storage key (`key_prefix` then
+/// the client's key, which is never empty): an empty prefix (it is a prefix of every other), a
+/// prefix that overlaps [`INLINE_KEY_PREFIX`] either way (whether or not `[inline] allow` is
+/// set: keys keep their state across a reload that turns it on), and two prefixes one of which
+/// is a prefix of the other, equal included. Prefixes that are not prefixes of one another
+/// differ at some byte before the shorter one ends, so no key of one is a key of the other.
+fn check_key_prefixes(options: &BTreeMap<String, LimitOptions>) -> Result<(), PolicyFileError> {
+    for (name, o) in options {
+        let p = o.key_prefix.as_str();
+        let invalid = |message: String| PolicyFileError::Invalid {
+            name: name.clone(),
+            message,
+        };
+        if p.is_empty() {
+            return Err(invalid(format!(
+                "`key_prefix` is empty: a storage key is the key_prefix followed by the client's \
+                 key, so this limit's keys would include every other limit's and every inline \
+                 limit's; give it a namespace of its own, e.g. \"{name}:\" (the default)"
+            )));
+        }
+        if INLINE_KEY_PREFIX.starts_with(p) || p.starts_with(INLINE_KEY_PREFIX) {
+            let default = if p == format!("{name}:") {
+                " (the default, from the limit's name)"
+            } else {
+                ""
+            };
+            return Err(invalid(format!(
+                "`key_prefix` \"{p}\"{default} overlaps \"{INLINE_KEY_PREFIX}\", the start of \
+                 every inline limit's storage key (CL.THROTTLE, inline JSON limits), so a client \
+                 could spend or reset an inline limit's keys through this limit or the reverse; \
+                 set a key_prefix that neither starts with \"{INLINE_KEY_PREFIX}\" nor is a prefix \
+                 of it, e.g. \"{name}_limit:\""
+            )));
+        }
+    }
+    // In byte order a prefix comes just before the strings that extend it, and every string
+    // between the two extends it too: if any prefix is a prefix of another, some neighbour is.
+    let mut sorted: Vec<(&str, &str)> = options
+        .iter()
+        .map(|(name, o)| (o.key_prefix.as_str(), name.as_str()))
+        .collect();
+    sorted.sort_unstable();
+    for pair in sorted.windows(2) {
+        let [(first_prefix, first), (second_prefix, second)] = pair else {
+            unreachable!("windows of two")
+        };
+        if second_prefix.starts_with(first_prefix) {
+            return Err(PolicyFileError::KeyPrefixOverlap {
+                first: first.to_string(),
+                first_prefix: first_prefix.to_string(),
+                second: second.to_string(),
+                second_prefix: second_prefix.to_string(),
+            });
+        }
+    }
+    Ok(())
 }
 
 #[cfg(test)]
@@ -328,6 +424,181 @@ mod tests {
     #[test]
     fn the_shipped_default_policies_are_valid() {
         let set = PolicySet::default_policies();
+        assert!(set.get("login").is_some() && set.get("api").is_some());
+    }
+
+    /// A policy file of gcra limits, each `(name, key_prefix or None for the default)`.
+    fn limits_with_prefixes(limits: &[(&str, Option<&str>)]) -> String {
+        let mut text = String::from("[inline]\nallow = true\n");
+        for (name, prefix) in limits {
+            text.push_str(&format!(
+                "[limits.\"{name}\"]\nalgorithm = \"gcra\"\nlimit = 1\nperiod = \"1s\"\n"
+            ));
+            if let Some(p) = prefix {
+                text.push_str(&format!("key_prefix = \"{p}\"\n"));
+            }
+        }
+        text
+    }
+
+    /// The names and prefixes of the two limits an overlap is reported for, first the one
+    /// whose prefix is the shorter.
+    fn overlap_of(limits: &[(&str, Option<&str>)]) -> (String, String, String, String) {
+        match PolicySet::from_toml(&limits_with_prefixes(limits)) {
+            Err(e @ PolicyFileError::KeyPrefixOverlap { .. }) => {
+                let message = e.to_string();
+                let PolicyFileError::KeyPrefixOverlap {
+                    first,
+                    first_prefix,
+                    second,
+                    second_prefix,
+                } = e
+                else {
+                    unreachable!()
+                };
+                for text in [&first, &first_prefix, &second, &second_prefix] {
+                    assert!(message.contains(text.as_str()), "{message}");
+                }
+                assert!(message.contains("not a prefix of another"), "{message}");
+                (first, first_prefix, second, second_prefix)
+            }
+            other => panic!("{limits:?}: expected an overlap, got {other:?}"),
+        }
+    }
+
+    fn owned(a: &str, b: &str, c: &str, d: &str) -> (String, String, String, String) {
+        (a.into(), b.into(), c.into(), d.into())
+    }
+
+    #[test]
+    fn two_limits_with_the_same_key_prefix_are_refused() {
+        // With different algorithms each check would replace the other's state with a fresh
+        // one (both admit every time); with the same one they would count each other's units.
+        let err = overlap_of(&[("login", Some("user:")), ("signup", Some("user:"))]);
+        assert_eq!(err, owned("login", "user:", "signup", "user:"));
+        let message = PolicySet::from_toml(&limits_with_prefixes(&[
+            ("login", Some("user:")),
+            ("signup", Some("user:")),
+        ]))
+        .unwrap_err()
+        .to_string();
+        assert!(
+            message.contains("the two prefixes are the same"),
+            "{message}"
+        );
+        // An explicit prefix equal to another limit's default.
+        let err = overlap_of(&[("api", None), ("other", Some("api:"))]);
+        assert_eq!(err, owned("api", "api:", "other", "api:"));
+    }
+
+    #[test]
+    fn a_key_prefix_that_is_a_prefix_of_another_is_refused_in_either_order() {
+        // `api:` with the client key `v2:x` is `api:v2:` with `x`.
+        let want = owned("v1", "api:", "v2", "api:v2:");
+        assert_eq!(
+            overlap_of(&[("v1", Some("api:")), ("v2", Some("api:v2:"))]),
+            want
+        );
+        let want = owned("v2", "api:", "v1", "api:v2:");
+        assert_eq!(
+            overlap_of(&[("v1", Some("api:v2:")), ("v2", Some("api:"))]),
+            want
+        );
+        // A third limit in between in byte order does not hide the overlap.
+        assert_eq!(
+            overlap_of(&[
+                ("a", Some("api:")),
+                ("b", Some("api:b:")),
+                ("c", Some("api:z:"))
+            ]),
+            owned("a", "api:", "b", "api:b:")
+        );
+        // Without a separator too: "ip" is a prefix of "ipv6:".
+        assert_eq!(
+            overlap_of(&[("v4", Some("ip")), ("v6", Some("ipv6:"))]),
+            owned("v4", "ip", "v6", "ipv6:")
+        );
+    }
+
+    #[test]
+    fn the_default_prefixes_of_limits_named_a_and_a_b_overlap() {
+        assert_eq!(
+            overlap_of(&[("a", None), ("a:b", None)]),
+            owned("a", "a:", "a:b", "a:b:")
+        );
+    }
+
+    #[test]
+    fn distinct_prefixes_that_are_not_prefixes_of_one_another_are_accepted() {
+        let text = limits_with_prefixes(&[
+            ("v1", Some("api:")),
+            ("v2", Some("apiv2:")),
+            ("v3", Some("api;")),
+            ("login", None),
+            ("login_ip", None),
+            ("log", None),
+            ("inline_like", None),
+            ("x", Some("inlinE:")),
+        ]);
+        let set = PolicySet::from_toml(&text).unwrap();
+        assert_eq!(set.options["v2"].key_prefix, "apiv2:");
+        assert_eq!(set.options["login_ip"].key_prefix, "login_ip:");
+    }
+
+    #[test]
+    fn an_empty_key_prefix_is_refused() {
+        for limits in [
+            &[("only", Some(""))][..],
+            &[("only", Some("")), ("other", None)][..],
+        ] {
+            let err = PolicySet::from_toml(&limits_with_prefixes(limits))
+                .unwrap_err()
+                .to_string();
+            assert!(
+                err.contains("limit `only`") && err.contains("`key_prefix` is empty"),
+                "{err}"
+            );
+        }
+    }
+
+    #[test]
+    fn a_key_prefix_that_overlaps_the_inline_limits_keys_is_refused() {
+        // Whether or not inline limits are allowed: a reload may allow them, keys kept.
+        for (name, prefix) in [
+            ("inline", None),
+            ("x", Some("inline:")),
+            ("x", Some("inl")),
+            ("x", Some("inline:gcra:")),
+            ("x", Some("inline:anything")),
+        ] {
+            for allow in ["true", "false"] {
+                let text = limits_with_prefixes(&[(name, prefix)])
+                    .replace("allow = true", &format!("allow = {allow}"));
+                let err = PolicySet::from_toml(&text).unwrap_err().to_string();
+                assert!(
+                    err.contains(&format!("limit `{name}`")) && err.contains("\"inline:\""),
+                    "{prefix:?}: {err}"
+                );
+            }
+        }
+    }
+
+    #[test]
+    fn the_deployments_policy_files_are_valid() {
+        // Read, not compiled in: scripts/negative-controls builds a copy without deploy/.
+        let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("deploy");
+        let compose = std::fs::read_to_string(root.join("policies.toml")).unwrap();
+        PolicySet::from_toml(&compose).unwrap();
+        // The Kubernetes ConfigMap's `policies.toml: |` block, indented by four spaces.
+        let k8s = std::fs::read_to_string(root.join("k8s/quorate.yaml")).unwrap();
+        let block: String = k8s
+            .lines()
+            .skip_while(|l| l.trim() != "policies.toml: |")
+            .skip(1)
+            .take_while(|l| l.is_empty() || l.starts_with("    "))
+            .map(|l| format!("{}\n", l.trim_start()))
+            .collect();
+        let set = PolicySet::from_toml(&block).unwrap();
         assert!(set.get("login").is_some() && set.get("api").is_some());
     }
 

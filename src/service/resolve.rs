@@ -235,7 +235,7 @@ fn inline_prefix(algorithm: Algorithm, limit: u64, period_ns: Nanos, burst: u64)
     ];
     let [limit_s, period_s, burst_s] = &mut numbers;
     concat(&[
-        "inline:",
+        crate::policy::INLINE_KEY_PREFIX,
         algorithm.name(),
         ":",
         limit_s.format(limit),
