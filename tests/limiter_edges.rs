@@ -379,12 +379,236 @@ fn a_key_spent_under_a_short_period_recovers_under_a_longer_one() {
             "{alg:?}"
         );
         let later = start + 120 * SECOND;
-        long.adopt(&mut s, later); // what a shard does when a key's limit changed
+        long.adopt(&short, &mut s, later); // what a shard does when a key's limit changed
         let d = long.decide(&mut s, later, 1);
         if !d.allowed() {
             assert!(d.retry_after <= 120 * SECOND, "{alg:?}: {d:?}");
             let again = long.decide(&mut s, later + d.retry_after, 1);
             assert!(again.allowed(), "{alg:?}: {again:?} after its retry_after");
+        }
+    }
+}
+
+const DAY: u64 = 24 * 3600 * SECOND;
+
+/// The algorithms whose state is a debt in units scaled by the rate or the period.
+const BUCKETS: [Algorithm; 3] = [
+    Algorithm::TokenBucket,
+    Algorithm::Gcra,
+    Algorithm::LeakyQueue,
+];
+
+/// Reloads of a bucket of 10 per second, capacity 10, to (rate, period, capacity).
+const BUCKET_CHANGES: [(u64, u64, u64); 8] = [
+    (5, SECOND, 10),        // rate lowered
+    (20, SECOND, 10),       // rate raised
+    (3, SECOND, 10),        // lowered to an interval that is not a whole number of ns
+    (600, 60 * SECOND, 10), // the same rate over a longer period
+    (1, 100 * MS, 10),      // the same rate over a shorter period
+    (10, 60 * SECOND, 10),  // the same quota over a longer period: 60 times slower
+    (10, SECOND, 5),        // capacity lowered
+    (20, SECOND, 20),       // rate and capacity raised
+];
+
+/// `a x b / c`, rounded up.
+fn mul_div_ceil(a: u64, b: u64, c: u64) -> u64 {
+    u64::try_from((a as u128 * b as u128).div_ceil(c as u128)).unwrap()
+}
+
+/// How many requests of cost 1 a copy of `s` admits at `t`, one after the other.
+fn burst_at(l: &Limit, s: &KeyState, t: u64) -> u64 {
+    let mut s = s.clone();
+    let mut n = 0;
+    while n <= l.capacity() && l.decide(&mut s, t, 1).allowed() {
+        n += 1;
+    }
+    n
+}
+
+/// A reload that changes a bucket's rate, period or capacity carries what the key has spent
+/// and not yet recovered over in the new limit's units (capped at its capacity), at a shard
+/// time of any age: the key is granted at once exactly what the new limit has left after
+/// that debt (no fresh burst), it is full again one new refill after the reload (no lockout
+/// that grows with the shard's age), and the `retry_after` of a denial is exact.
+/// (Before `Limit::adopt` converted these states, a lowered rate read the GCRA's stored time
+/// at the new scale and locked the key out for about the shard's age, while each denial said
+/// "retry in one interval"; a raised rate or longer period gave a whole new burst at once.)
+#[test]
+fn a_reload_carries_a_bucket_keys_debt_over_in_the_new_limits_units() {
+    for start in [1_000 * SECOND, 30 * DAY] {
+        for alg in BUCKETS {
+            let old = limit(alg, 10, SECOND, 10);
+            for (rate, period, cap) in BUCKET_CHANGES {
+                let new = limit(alg, rate, period, cap);
+                let what = format!("{alg:?} at {start}: 10/s, 10 -> {rate} per {period}, {cap}");
+                let mut s = old.new_state();
+                assert_eq!(admitted(&old, &mut s, [start; 10]), 10, "{what}");
+                // 300 ms later three units are back: the key owes seven.
+                let at = start + 300 * MS;
+                new.adopt(&old, &mut s, at);
+                let owed = 7.min(cap);
+                assert_eq!(
+                    burst_at(&new, &s, at),
+                    cap - owed,
+                    "{what}: admitted at once after the reload"
+                );
+                // Spent to the last unit: the denial's retry_after is one new interval, and
+                // exact (denied a nanosecond earlier, admitted then).
+                let mut spent = s.clone();
+                assert_eq!(
+                    admitted(&new, &mut spent, (owed..cap).map(|_| at)) as u64,
+                    cap - owed
+                );
+                let d = new.decide(&mut spent, at, 1);
+                assert_eq!(d.outcome, Outcome::Denied, "{what}: {d:?}");
+                assert_eq!(
+                    d.retry_after,
+                    mul_div_ceil(1, period, rate),
+                    "{what}: {d:?}"
+                );
+                let retry = at + d.retry_after;
+                assert!(
+                    !new.decide(&mut spent.clone(), retry - 1, 1).allowed(),
+                    "{what}"
+                );
+                let again = new.decide(&mut spent, retry, 1);
+                assert!(again.allowed(), "{what}: {again:?} at its retry_after");
+                // Full again one refill of the new limit after the reload.
+                let refill = mul_div_ceil(cap, period, rate);
+                assert_eq!(
+                    burst_at(&new, &s, at + refill),
+                    cap,
+                    "{what}: after a refill"
+                );
+            }
+        }
+    }
+}
+
+/// A bucket key that had recovered fully before a reload owes nothing: it gets the new
+/// limit's whole capacity at once, whatever the change and the shard's age.
+#[test]
+fn a_bucket_key_recovered_before_a_reload_gets_the_new_full_burst() {
+    for start in [1_000 * SECOND, 30 * DAY] {
+        for alg in BUCKETS {
+            let old = limit(alg, 10, SECOND, 10);
+            for (rate, period, cap) in BUCKET_CHANGES {
+                let new = limit(alg, rate, period, cap);
+                let what = format!("{alg:?} at {start}: 10/s, 10 -> {rate} per {period}, {cap}");
+                let mut s = old.new_state();
+                assert_eq!(admitted(&old, &mut s, [start - 10 * SECOND; 10]), 10);
+                new.adopt(&old, &mut s, start);
+                assert_eq!(burst_at(&new, &s, start), cap, "{what}");
+            }
+        }
+    }
+}
+
+/// A refund of a bucket key never leaves it better off than a key that never made the
+/// refunded admission, when reloads changed the key's limit and changed it back before the
+/// refund came (the shard refunds only under the key's current limit, the admission's own:
+/// as nodes with the old and the new policy file send checks during a rollout). The refund
+/// counts what drained since the admission at the current rate; a faster rate in between,
+/// or a capacity that cut the debt, took more: nothing admitted before such a reload is
+/// given back. And a refund right after an admission under a rate that is at least the old
+/// one gives it back whole, as without a reload.
+#[test]
+fn a_refund_after_reloads_never_leaves_a_key_better_off_than_without_the_admission() {
+    for start in [1_000 * SECOND, 30 * DAY] {
+        for alg in BUCKETS {
+            let old = limit(alg, 10, SECOND, 10);
+            let what = format!("{alg:?} at {start}");
+            // A faster rate in between: `x` admits 5 and refunds them after the round trip,
+            // `y` never admits them.
+            let faster = limit(alg, 40, SECOND, 10);
+            let (mut x, mut y) = (old.new_state(), old.new_state());
+            assert!(old.decide(&mut x, start, 5).allowed());
+            faster.adopt(&old, &mut x, start);
+            faster.adopt(&old, &mut y, start);
+            // 100 ms later `x` owes one unit, `y` nothing; both admit one.
+            let back = start + 100 * MS;
+            assert!(faster.decide(&mut x, back, 1).allowed());
+            assert!(faster.decide(&mut y, back, 1).allowed());
+            old.adopt(&faster, &mut x, back);
+            old.adopt(&faster, &mut y, back);
+            old.refund(&mut x, start, 5);
+            assert_eq!(burst_at(&old, &y, back), 9, "{what}");
+            assert!(
+                burst_at(&old, &x, back) <= 9,
+                "{what}: the refund gave back too much"
+            );
+
+            // A capacity that cut the debt in between: `x` owes 10 (5 of them refunded
+            // later), `y` 5; both owe 5 under the smaller capacity.
+            let smaller = limit(alg, 10, SECOND, 5);
+            let (mut x, mut y) = (old.new_state(), old.new_state());
+            assert!(old.decide(&mut x, start, 5).allowed());
+            assert!(old.decide(&mut x, start, 5).allowed());
+            assert!(old.decide(&mut y, start, 5).allowed());
+            for s in [&mut x, &mut y] {
+                smaller.adopt(&old, s, start);
+                old.adopt(&smaller, s, start);
+            }
+            old.refund(&mut x, start, 5);
+            assert_eq!(burst_at(&old, &y, start), 5, "{what}");
+            assert!(
+                burst_at(&old, &x, start) <= 5,
+                "{what}: the refund gave back too much"
+            );
+
+            // A rate raised for good: a refund right after an admission is exact.
+            let mut s = old.new_state();
+            assert_eq!(admitted(&old, &mut s, [start; 10]), 10);
+            let raised = limit(alg, 20, SECOND, 10);
+            raised.adopt(&old, &mut s, start);
+            let later = start + 100 * MS;
+            assert_eq!(burst_at(&raised, &s, later), 2, "{what}");
+            assert!(raised.decide(&mut s, later, 1).allowed());
+            raised.refund(&mut s, later, 1);
+            assert_eq!(
+                burst_at(&raised, &s, later),
+                2,
+                "{what}: not given back whole"
+            );
+        }
+    }
+}
+
+/// A reload between extreme bucket parameters (limits up to `u64::MAX`, periods of 1 ns to
+/// 366 days) neither panics nor hands out what the key owes: a key that spent its whole old
+/// capacity has nothing left under a new capacity no larger, and a denial's `retry_after` is
+/// never longer than the new limit's full refill.
+#[test]
+fn a_reload_between_extreme_bucket_parameters_never_panics_or_over_admits() {
+    let values = [1, 2, 1_000, u64::MAX - 1, u64::MAX];
+    let periods = [1, 3, SECOND, MAX_PERIOD - 1, MAX_PERIOD];
+    let params: Vec<(u64, u64, u64)> = values
+        .iter()
+        .flat_map(|&n| periods.iter().map(move |&p| (n, p, n)))
+        .chain([(1, MAX_PERIOD, u64::MAX), (u64::MAX, 1, 1)])
+        .collect();
+    for alg in BUCKETS {
+        for &(r0, p0, c0) in &params {
+            for &(r1, p1, c1) in &params {
+                let (old, new) = (limit(alg, r0, p0, c0), limit(alg, r1, p1, c1));
+                for t in [0, 1, 30 * DAY] {
+                    let what = format!("{alg:?} at {t}: {r0}/{p0}/{c0} -> {r1}/{p1}/{c1}");
+                    let mut s = old.new_state();
+                    let spent = old.decide(&mut s, t, c0).allowed();
+                    for at in [t, t + 1, t + MAX_PERIOD] {
+                        let mut s = s.clone();
+                        new.adopt(&old, &mut s, at);
+                        let peek = new.decide(&mut s, at, 0);
+                        assert!(peek.remaining <= c1, "{what}: {peek:?}");
+                        if spent && at == t && c0 >= c1 {
+                            assert_eq!(peek.remaining, 0, "{what}: {peek:?}");
+                        }
+                        let d = new.decide(&mut s, at, 1);
+                        let refill = (c1 as u128 * p1 as u128).div_ceil(r1 as u128);
+                        assert!(d.retry_after as u128 <= refill, "{what}: {d:?}");
+                    }
+                }
+            }
         }
     }
 }

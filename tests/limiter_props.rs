@@ -360,6 +360,136 @@ proptest! {
         }
     }
 
+    /// A reload between any two bucket limits (token bucket, GCRA, leaky queue), at any
+    /// shard age, carries what the key owes over in the new limit's units: right after it
+    /// the key has what the new capacity leaves after the old debt (one unit less at most,
+    /// by rounding up), it is full one new refill later, a denial's `retry_after` is exact,
+    /// and the three algorithms still agree on every later decision.
+    #[test]
+    fn a_reload_carries_a_bucket_keys_debt_over_in_the_new_units(
+        old in params(),
+        new in params(),
+        s in steps(),
+        start in prop_oneof![0..3_000u64, Just(30 * 24 * 3600 * 1_000_000_000u64)],
+        idle in prop_oneof![Just(0u64), 0..3_000u64],
+        cost in 1..12u64,
+        after in steps(),
+    ) {
+        let mut runs = Vec::new();
+        for alg in [Algorithm::TokenBucket, Algorithm::Gcra, Algorithm::LeakyQueue] {
+            let lo = Limit::new(alg, old.0, old.1, old.2).unwrap();
+            let ln = Limit::new(alg, new.0, new.1, new.2).unwrap();
+            let mut st = lo.new_state();
+            let mut now = start;
+            for step in &s {
+                now += step.gap;
+                lo.decide(&mut st, now, step.cost);
+            }
+            let at = now + idle;
+            let had = probe(&lo, &st, at, 0).remaining;
+            ln.adopt(&lo, &mut st, at);
+            let expected = (new.2 + had).saturating_sub(old.2);
+            let got = probe(&ln, &st, at, 0).remaining;
+            prop_assert!(
+                got <= expected && got + 1 >= expected,
+                "{alg:?}: {got} left after the reload, {had} of {} before it", old.2
+            );
+            let refill = u64::try_from((new.2 as u128 * new.1 as u128).div_ceil(new.0 as u128)).unwrap();
+            prop_assert_eq!(probe(&ln, &st, at + refill, 0).remaining, new.2);
+            let d = probe(&ln, &st, at, cost);
+            if d.outcome == Outcome::Denied {
+                prop_assert!(d.retry_after <= refill, "{alg:?}: {d:?}");
+                prop_assert!(probe(&ln, &st, at + d.retry_after, cost).allowed(), "{alg:?}: {d:?}");
+                prop_assert!(!probe(&ln, &st, at + d.retry_after - 1, cost).allowed(), "{alg:?}: {d:?}");
+            }
+            let mut now = at;
+            let decisions: Vec<Decision> = after
+                .iter()
+                .map(|step| {
+                    now += step.gap;
+                    ln.decide(&mut st, now, step.cost)
+                })
+                .collect();
+            runs.push(decisions);
+        }
+        prop_assert_eq!(&runs[0], &runs[1]);
+        for (q, g) in runs[2].iter().zip(&runs[1]) {
+            prop_assert_eq!(Decision { delay: 0, ..*q }, *g);
+        }
+    }
+
+    /// A refund never leaves a bucket key better off than a key that never made the refunded
+    /// admission, across reloads that change its limit and change it back between the
+    /// admission and its refund (nodes with the old and the new policy file both sending
+    /// checks during a rollout). As in the shard, a refund applies only under the key's
+    /// current limit, which is its admission's own.
+    #[test]
+    fn a_refund_across_reloads_never_admits_more_than_a_key_that_never_made_the_admission(
+        alg in prop::sample::select(vec![Algorithm::TokenBucket, Algorithm::Gcra, Algorithm::LeakyQueue]),
+        p in params(),
+        q in params(),
+        s in steps(),
+        pick in 0..40usize,
+        delay in prop_oneof![0..4usize, 0..12usize, 0..60usize],
+        // Reloads, in steps after the admission (and one before it, maybe).
+        flips in prop::collection::vec(1..12usize, 0..4),
+        early in prop::option::of(0..40usize),
+    ) {
+        let limits = [
+            Limit::new(alg, p.0, p.1, p.2).unwrap(),
+            Limit::new(alg, q.0, q.1, q.2).unwrap(),
+        ];
+        let mut which = 0;
+        // `x` makes the admission and refunds it `delay` steps later; `y` never makes it.
+        let (mut x, mut y) = (limits[0].new_state(), limits[0].new_state());
+        let mut pending: Option<(Nanos, u64, usize, usize)> = None;
+        let mut picked: Option<usize> = None;
+        let mut now = 0;
+        for (i, step) in s.iter().enumerate() {
+            now += step.gap;
+            let flip = match picked {
+                Some(at) => flips.contains(&(i - at)),
+                None => early == Some(i),
+            };
+            if flip {
+                let (from, to) = (&limits[which], &limits[1 - which]);
+                if from != to {
+                    to.adopt(from, &mut x, now);
+                    to.adopt(from, &mut y, now);
+                }
+                which = 1 - which;
+            }
+            let l = &limits[which];
+            if let Some((at, cost, _, under)) = pending.filter(|p| p.2 == i) {
+                if limits[under] == *l {
+                    l.refund(&mut x, at, cost);
+                }
+                pending = None;
+            }
+            // Owing at least what `y` owes, `x` never has more left.
+            let (rx, ry) = (probe(l, &x, now, 0).remaining, probe(l, &y, now, 0).remaining);
+            prop_assert!(rx <= ry, "step {i} (t {now}): {rx} left after the refund, {ry} without the admission");
+            if !l.decide(&mut x, now, step.cost).allowed() {
+                continue;
+            }
+            if picked.is_none() && i >= pick && step.cost > 0 {
+                picked = Some(i);
+                pending = Some((now, step.cost, i + delay, which));
+                if delay == 0 {
+                    l.refund(&mut x, now, step.cost);
+                    pending = None;
+                }
+                continue;
+            }
+            let d = l.decide(&mut y, now, step.cost);
+            prop_assert!(
+                d.allowed(),
+                "step {i} (t {now}, cost {}): admitted by the key that refunded, denied by one that never made the admission ({d:?})",
+                step.cost
+            );
+        }
+    }
+
     /// The precomputed-reciprocal division is exact for every dividend and divisor.
     #[test]
     fn divisor_division_is_exact(

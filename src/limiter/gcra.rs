@@ -127,6 +127,39 @@ pub fn is_fresh(s: &State, p: &Policy, now: Nanos) -> bool {
     s.tat <= now as u128 * p.rate() as u128
 }
 
+/// A reload changed the key's limit from `old` to `p` (see [`super::Limit::adopt`]). The TAT
+/// is a time scaled by the rate, and its distance from now, the backlog, counts `period`
+/// scaled units per unit of cost: read at another rate it meant another time (a lowered rate
+/// read it as far in the future — the key denied for about the shard's age, each denial
+/// saying "retry in one interval" — and a raised rate as long past, a fresh burst). The
+/// backlog at `now` under `old` (at most its tolerance), in units of cost, becomes the same
+/// number of units under `p` (rounded up, at most `p`'s burst), owed from `now`.
+///
+/// `admitted` then keeps refunds on the safe side (`limiter::admitted_after_reload`): under
+/// a slower rate, or a burst that cut the backlog, an admission made before the reload is
+/// given nothing back.
+pub fn adopt(s: &mut State, old: &Policy, p: &Policy, now: Nanos) {
+    let old_tolerance = old.burst as u128 * old.period() as u128;
+    let backlog = s
+        .tat
+        .saturating_sub(now as u128 * old.rate() as u128)
+        .min(old_tolerance);
+    let (backlog, cut) = super::rescale_debt(backlog, old.period(), p.period(), p.burst);
+    s.tat = if backlog == 0 {
+        0
+    } else {
+        (now as u128 * p.rate() as u128).saturating_add(backlog)
+    };
+    s.admitted = super::admitted_after_reload(
+        s.admitted,
+        now,
+        (old.rate(), old.period()),
+        (p.rate(), p.period()),
+        p.burst,
+        cut,
+    );
+}
+
 /// Gives back `cost` units admitted at `admitted_at`: moves the TAT back by `cost`
 /// intervals, less the time from that admission to the key's last one. Right after the
 /// admission (no admission since) that undoes it exactly. An admission since — made while
@@ -145,9 +178,10 @@ pub fn refund(s: &mut State, p: &Policy, admitted_at: Nanos, cost: u64) {
 /// What a refund of `cost` admitted at `admitted_at` may give back at `rate` per `period`,
 /// in scaled time (a token bucket's deficit units alike): `cost` intervals less the time
 /// from then to `last`, the key's last admission (nothing when that was before it: the
-/// state does not hold it).
+/// state does not hold it; nor when `last` is `Nanos::MAX`, which a reload leaves when
+/// nothing admitted may be given back: `limiter::admitted_after_reload`).
 pub(crate) fn credit(rate: u64, period: Nanos, last: Nanos, admitted_at: Nanos, cost: u64) -> u128 {
-    if last < admitted_at {
+    if last < admitted_at || last == Nanos::MAX {
         return 0;
     }
     let gap = (last - admitted_at) as u128 * rate as u128;

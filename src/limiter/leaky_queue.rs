@@ -58,6 +58,12 @@ pub fn is_fresh(s: &State, p: &Policy, now: Nanos) -> bool {
     gcra::is_fresh(s, &p.0, now)
 }
 
+/// A reload changed the queue's limit from `old` to `p`: the units queued at `now` stay
+/// queued under `p`, at most its capacity (see [`gcra::adopt`]).
+pub fn adopt(s: &mut State, old: &Policy, p: &Policy, now: Nanos) {
+    gcra::adopt(s, &old.0, &p.0, now)
+}
+
 /// Takes `cost` units admitted at `admitted_at` back out of the queue (see [`gcra::refund`]).
 pub fn refund(s: &mut State, p: &Policy, admitted_at: Nanos, cost: u64) {
     gcra::refund(s, &p.0, admitted_at, cost)

@@ -215,6 +215,44 @@ impl Divisor {
     }
 }
 
+/// A bucket's debt through a reload: `debt` scaled units where one unit of cost is `from`
+/// scaled units (the old period), re-expressed where one unit is `to` (the new period),
+/// rounded up, and capped at `capacity` units. Also says whether the cap cut it. Exact in
+/// `u128` for any validated parameters (units below the capacity, times a period: 2^119).
+pub(crate) fn rescale_debt(debt: u128, from: Nanos, to: Nanos, capacity: u64) -> (u128, bool) {
+    let (from, to, capacity) = (from.max(1) as u128, to as u128, capacity as u128);
+    let (units, part) = (debt / from, debt % from);
+    if units > capacity || (units == capacity && part > 0) {
+        return (capacity * to, true);
+    }
+    (units * to + (part * to).div_ceil(from), false)
+}
+
+/// The last-admission time (`admitted`, what a refund may give back: [`gcra::credit`]) a
+/// bucket keeps through a reload at `now` from `old_rate` per `old_period` to `rate` per
+/// `period` with `capacity`. A refund takes off what would have drained from the refunded
+/// admission to the last one, at the key's current rate. Across a reload to a rate at least
+/// the old one, that is at least what did drain, and the time is kept, unless the new
+/// capacity `cut` the debt (a refund would then lift the key above one that never made the
+/// admission). Otherwise it moves one full refill of the new limit past `now`: an admission
+/// made before the reload gets nothing back, one made within that refill less than its due
+/// (and if that is past the end of time, `Nanos::MAX`: nothing is ever given back).
+pub(crate) fn admitted_after_reload(
+    admitted: Nanos,
+    now: Nanos,
+    (old_rate, old_period): (u64, Nanos),
+    (rate, period): (u64, Nanos),
+    capacity: u64,
+    cut: bool,
+) -> Nanos {
+    let as_fast = rate as u128 * old_period as u128 >= old_rate as u128 * period as u128;
+    if as_fast && !cut {
+        return admitted;
+    }
+    let refill = Divisor::from(rate).ceil_sat(capacity as u128 * period as u128);
+    admitted.max(now).saturating_add(refill)
+}
+
 /// `limit` units per window of `period`: the parameters of the fixed window and the
 /// sliding window counter, with the window length's reciprocal precomputed.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -461,15 +499,38 @@ impl Limit {
         }
     }
 
-    /// A reload changed a key's limit to this one: carries its `state` over. Window numbers
-    /// count periods, so a window state numbered under a shorter period moves to the window
-    /// `now` is in, keeping its counts (it never grants more); the other states mean the same
-    /// under any parameters.
-    pub fn adopt(&self, state: &mut KeyState, now: Nanos) {
-        match (self, state) {
-            (Limit::FixedWindow(p), KeyState::FixedWindow(s)) => fixed_window::adopt(s, p, now),
-            (Limit::SlidingCounter(p), KeyState::SlidingCounter(s)) => {
+    /// A reload changed a key's limit from `old` to this one: carries its `state` over, so
+    /// that the key is neither handed a fresh allowance nor locked out by the change.
+    ///
+    /// - Fixed window, sliding counter: window numbers count periods, so a window state
+    ///   numbered under a shorter period moves to the window `now` is in, keeping its counts
+    ///   (it never grants more).
+    /// - Token bucket, GCRA, leaky queue: their state is a debt in units scaled by the period
+    ///   (the bucket's deficit) or by the rate (the GCRA's theoretical arrival time), which the
+    ///   new parameters would misread. What the key has spent and not yet recovered at `now`,
+    ///   in units of cost, is carried over (rounded up to the new scale, capped at the new
+    ///   capacity) and owed again from `now` at the new rate: the key is granted at once no
+    ///   more than the new capacity less that debt, and it is full again at the latest one new
+    ///   refill (`capacity x period / rate`) after the reload. A refund of an admission made
+    ///   before the reload may give back less than before it, never more ([`gcra::adopt`]).
+    /// - Sliding log: its entries are absolute times, counted against the new period and limit
+    ///   (the admissions it no longer holds, older than the old period, are forgotten).
+    ///
+    /// A state of another algorithm (the reload changed the limit's algorithm) is left as it
+    /// is: [`Limit::decide`] replaces it with a fresh one, so an algorithm change gives every
+    /// key a fresh allowance.
+    pub fn adopt(&self, old: &Limit, state: &mut KeyState, now: Nanos) {
+        match (self, old, state) {
+            (Limit::FixedWindow(p), _, KeyState::FixedWindow(s)) => fixed_window::adopt(s, p, now),
+            (Limit::SlidingCounter(p), _, KeyState::SlidingCounter(s)) => {
                 sliding_counter::adopt(s, p, now)
+            }
+            (Limit::TokenBucket(p), Limit::TokenBucket(o), KeyState::TokenBucket(s)) => {
+                token_bucket::adopt(s, o, p, now)
+            }
+            (Limit::Gcra(p), Limit::Gcra(o), KeyState::Gcra(s)) => gcra::adopt(s, o, p, now),
+            (Limit::LeakyQueue(p), Limit::LeakyQueue(o), KeyState::LeakyQueue(s)) => {
+                leaky_queue::adopt(s, o, p, now)
             }
             _ => {}
         }

@@ -100,6 +100,28 @@ pub fn decide(s: &mut State, p: &Policy, now: Nanos, cost: u64) -> Decision {
     d
 }
 
+/// A reload changed the key's limit from `old` to `p` (see [`super::Limit::adopt`]). The
+/// deficit counts `period` units per token: read under another period it meant another
+/// number of tokens (10 per second made 10 per minute: a deficit of the whole bucket read
+/// as a sixtieth of it, nine tokens handed out at once). The deficit at `now` under `old`,
+/// in tokens, becomes the same number of tokens under `p` (rounded up, at most `p`'s
+/// capacity), refilled from `now` at `p`'s rate; `admitted` as for the GCRA
+/// (`limiter::admitted_after_reload`).
+pub fn adopt(s: &mut State, old: &Policy, p: &Policy, now: Nanos) {
+    let deficit = refilled(s, old, now);
+    let (deficit, cut) = super::rescale_debt(deficit, old.period(), p.period(), p.capacity);
+    s.deficit = deficit;
+    s.last = s.last.max(now);
+    s.admitted = super::admitted_after_reload(
+        s.admitted,
+        now,
+        (old.rate(), old.period()),
+        (p.rate(), p.period()),
+        p.capacity,
+        cut,
+    );
+}
+
 pub fn is_fresh(s: &State, p: &Policy, now: Nanos) -> bool {
     refilled(s, p, now) == 0
 }

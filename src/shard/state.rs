@@ -307,7 +307,10 @@ impl ShardState {
                         _ => return Applied::Refunded,
                     }
                 }
-                if let Some(e) = self.keys.get_mut(key) {
+                // Only under the key's own limit: once a reload has changed it, the state is
+                // in the new limit's units, which this refund's (its admission's) cannot be
+                // read in, and nothing is given back.
+                if let Some(e) = self.keys.get_mut(key).filter(|e| e.limit == *limit) {
                     limit.refund(&mut e.state, *admitted_at, *cost);
                 }
                 Applied::Refunded
@@ -330,8 +333,8 @@ impl ShardState {
     ) -> (Decision, Fallback) {
         if let Some(e) = self.keys.get_mut(key) {
             if e.limit != *limit {
-                // A reload changed the key's limit.
-                limit.adopt(&mut e.state, now);
+                // A reload changed the key's limit: its state is converted from the old one.
+                limit.adopt(&e.limit, &mut e.state, now);
                 e.limit = limit.clone();
             }
             return (limit.decide(&mut e.state, now, cost), Fallback::No);
@@ -548,6 +551,56 @@ mod tests {
         assert_eq!(d.outcome, Outcome::Denied);
         assert!(d.retry_after <= 60 * SECOND, "{d:?}");
         assert!(decided(&s.apply(&at(start + 1 + d.retry_after, &long))[0]).allowed());
+    }
+
+    /// A reload that lowers a GCRA's rate on a shard a month old carries the key's debt over
+    /// in the new units: the denial says "retry in one interval at the new rate", and a retry
+    /// then is admitted (the stored time was read at the new scale: denied for a month).
+    #[test]
+    fn a_reload_that_lowers_a_rate_carries_the_keys_debt_over() {
+        let fast = Limit::new(Algorithm::Gcra, 10, SECOND, 10).unwrap();
+        let slow = Limit::new(Algorithm::Gcra, 5, SECOND, 10).unwrap();
+        let start = 30 * 24 * 3600 * SECOND;
+        let mut s = ShardState::new(bounds(10));
+        let at = |t, l: &Limit| Batch::at(t, vec![check("k", l, 1, None)]);
+        for _ in 0..10 {
+            assert!(decided(&s.apply(&at(start, &fast))[0]).allowed());
+        }
+        let d = decided(&s.apply(&at(start, &slow))[0]);
+        assert_eq!((d.outcome, d.retry_after), (Outcome::Denied, SECOND / 5));
+        let retry = decided(&s.apply(&at(start + d.retry_after, &slow))[0]);
+        assert!(retry.allowed(), "{retry:?}");
+    }
+
+    /// A refund names the limit its admission was decided under; once a reload has changed
+    /// the key's limit, the key's state is in the new limit's units, and the refund gives
+    /// nothing back (read in the old units, this refund of one unit gave all ten back).
+    #[test]
+    fn a_refund_under_a_limit_the_key_no_longer_has_gives_nothing_back() {
+        let old = Limit::new(Algorithm::TokenBucket, 600, 60 * SECOND, 10).unwrap();
+        let new = Limit::new(Algorithm::TokenBucket, 10, SECOND, 10).unwrap();
+        let start = 1_000 * SECOND;
+        let mut s = ShardState::new(bounds(10));
+        assert!(
+            decided(&s.apply(&Batch::at(start, vec![check("k", &old, 10, None)]))[0]).allowed()
+        );
+        // A check under the reloaded limit (a peek) moves the key to it.
+        let peek = |s: &mut ShardState| {
+            decided(&s.apply(&Batch::at(start, vec![check("k", &new, 0, None)]))[0]).remaining
+        };
+        assert_eq!(peek(&mut s), 0);
+        s.apply(&Batch::at(
+            start,
+            vec![Command::Refund {
+                key: "k".into(),
+                limit: old,
+                cost: 1,
+                admitted_at: start,
+                request_id: None,
+                epoch: 0,
+            }],
+        ));
+        assert_eq!(peek(&mut s), 0);
     }
 
     #[test]
