@@ -1802,6 +1802,86 @@ fn quorate_dev_runs_three_members_that_status_shows_and_stops_them_all() {
     }
 }
 
+/// The pids of the processes whose command line names `dir` (a `quorate dev`'s members).
+fn processes_naming(dir: &std::path::Path) -> Vec<i32> {
+    let needle = dir.to_string_lossy().into_owned();
+    std::fs::read_dir("/proc")
+        .into_iter()
+        .flatten()
+        .flatten()
+        .filter_map(|e| {
+            let pid: i32 = e.file_name().to_str()?.parse().ok()?;
+            let cmdline = std::fs::read(e.path().join("cmdline")).ok()?;
+            String::from_utf8_lossy(&cmdline)
+                .contains(&needle)
+                .then_some(pid)
+        })
+        .collect()
+}
+
+/// `quorate dev` leaves no member running when it goes: on SIGHUP (the terminal closed; the
+/// members take SIGHUP as a reload) it stops them, and when it is killed outright (SIGKILL)
+/// the kernel tells them (their parent-death signal). A bad base port starts no member.
+#[test]
+fn quorate_dev_leaves_no_member_behind() {
+    use std::process::{Command, Stdio};
+    let dir = tempfile::tempdir().unwrap();
+    // Whatever happens, no member of this test outlives it.
+    struct Reap(std::path::PathBuf);
+    impl Drop for Reap {
+        fn drop(&mut self) {
+            for pid in processes_naming(&self.0) {
+                unsafe { kill(pid, 9) };
+            }
+        }
+    }
+    let _reap = Reap(dir.path().to_path_buf());
+    let base = 31_000 + (std::process::id() % 300) as u16 * 10;
+    let dev = |sub: &str, http_base: u16| {
+        Command::new(env!("CARGO_BIN_EXE_quorate"))
+            .arg("dev")
+            .arg("--data-dir")
+            .arg(dir.path().join(sub))
+            .args(["--http-base", &http_base.to_string()])
+            .args(["--resp-base", &(base + 3).to_string()])
+            .args(["--peer-base", &(base + 5).to_string()])
+            .args(["--log", "error"])
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap()
+    };
+    let members = |sub: &str| processes_naming(&dir.path().join(sub)).len();
+    let wait_until = |what: &str, limit: Duration, cond: &dyn Fn() -> bool| {
+        let started = Instant::now();
+        while !cond() {
+            assert!(started.elapsed() < limit, "{what}");
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    };
+    let http: std::net::SocketAddr = format!("127.0.0.1:{base}").parse().unwrap();
+    for (sub, signal) in [("hup", 1), ("kill", 9)] {
+        let mut d = dev(sub, base);
+        wait_until("quorate dev not ready", Duration::from_secs(30), &|| {
+            cluster_support::http(http, "GET", "/readyz", "").starts_with("HTTP/1.1 200")
+        });
+        assert_eq!(members(sub), 3 + 1, "three members and dev itself");
+        unsafe { kill(d.id() as i32, signal) };
+        let _ = d.wait();
+        wait_until(
+            &format!("members still run after signal {signal} to quorate dev"),
+            Duration::from_secs(20),
+            &|| members(sub) == 0,
+        );
+    }
+    // A base port that overflows is refused before any member starts.
+    let out = dev("port", 65_535).wait_with_output().unwrap();
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("overflows"), "{err}");
+    assert_eq!(members("port"), 0);
+}
+
 extern "C" {
     fn kill(pid: i32, sig: i32) -> i32;
 }

@@ -43,9 +43,15 @@ pub fn run(args: DevArgs) -> Result<(), String> {
         base.checked_add(off)
             .ok_or_else(|| format!("port {base} + {off} overflows; choose a lower base port"))
     };
+    // Every address first: a bad base port is refused before any node starts.
     let mut peers = Vec::new();
+    let mut addrs = Vec::new();
     for i in 1..=args.nodes {
         peers.push(format!("{i}=127.0.0.1:{}", port(args.peer_base, i)?));
+        addrs.push((
+            format!("127.0.0.1:{}", port(args.http_base, i - 1)?),
+            format!("127.0.0.1:{}", port(args.resp_base, i - 1)?),
+        ));
     }
     let peers = peers.join(",");
     // A fresh secret per run: the nodes of this run share it through their environment.
@@ -57,25 +63,45 @@ pub fn run(args: DevArgs) -> Result<(), String> {
         p.is_file().then_some(p)
     });
     let mut children: Vec<(u16, Child)> = Vec::new();
+    // Before the first spawn: a signal from now on stops the nodes started so far.
+    let stop = install_stop_flag();
+    let parent = std::process::id();
     println!(
         "quorate dev: {} nodes, data under {}",
         args.nodes,
         args.data_dir.display()
     );
-    for i in 1..=args.nodes {
-        let http = format!("127.0.0.1:{}", port(args.http_base, i - 1)?);
-        let resp = format!("127.0.0.1:{}", port(args.resp_base, i - 1)?);
+    for (i, (http, resp)) in (1..=args.nodes).zip(&addrs) {
         let dir = args.data_dir.join(format!("node-{i}"));
         let mut cmd = Command::new(&exe);
         cmd.arg("node")
             .args(["--id", &i.to_string(), "--peers", &peers])
-            .args(["--http-addr", &http, "--resp-addr", &resp])
+            .args(["--http-addr", http, "--resp-addr", resp])
             .arg("--data-dir")
             .arg(&dir)
             .args(["--log", &args.log])
             .env("QUORATE_CLUSTER_SECRET", &secret);
         if let Some(p) = &policies {
             cmd.arg("--policies").arg(p);
+        }
+        // A node outlives no `quorate dev` (killed with SIGKILL, say): the kernel sends it
+        // SIGTERM when dev exits.
+        // SAFETY: between fork and exec the closure makes only async-signal-safe system
+        // calls (prctl, getppid) and allocates nothing.
+        unsafe {
+            std::os::unix::process::CommandExt::pre_exec(&mut cmd, move || {
+                if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGTERM) != 0 {
+                    return Err(std::io::Error::last_os_error());
+                }
+                // Dev exited before the prctl: nothing would tell this node.
+                if libc::getppid() as u32 != parent {
+                    return Err(std::io::Error::from_raw_os_error(libc::ESRCH));
+                }
+                Ok(())
+            });
+        }
+        if stop() {
+            break;
         }
         match cmd.spawn() {
             Ok(child) => children.push((i, child)),
@@ -90,7 +116,6 @@ pub fn run(args: DevArgs) -> Result<(), String> {
         );
     }
     println!("Ctrl-C stops all {}.", args.nodes);
-    let stop = install_stop_flag();
     let outcome = loop {
         if stop() {
             break Ok(());
@@ -132,7 +157,8 @@ fn stop_all(children: &mut [(u16, Child)]) {
     }
 }
 
-/// A flag set by SIGINT or SIGTERM.
+/// A flag set by SIGINT, SIGTERM or SIGHUP (the terminal closed: the nodes, which take
+/// SIGHUP as "reload the policy file", would otherwise run on).
 fn install_stop_flag() -> impl Fn() -> bool {
     use std::sync::atomic::{AtomicBool, Ordering};
     static STOP: AtomicBool = AtomicBool::new(false);
@@ -143,6 +169,7 @@ fn install_stop_flag() -> impl Fn() -> bool {
     unsafe {
         libc::signal(libc::SIGINT, on_signal as *const () as libc::sighandler_t);
         libc::signal(libc::SIGTERM, on_signal as *const () as libc::sighandler_t);
+        libc::signal(libc::SIGHUP, on_signal as *const () as libc::sighandler_t);
     }
     || STOP.load(Ordering::SeqCst)
 }
