@@ -326,6 +326,20 @@ pub struct NodeOptions {
 /// limiter needs more.
 pub const MAX_SETTING_DURATION: Duration = Duration::from_secs(365 * 24 * 3600);
 
+/// The most shards a node takes (each an actor; in a cluster, each a Raft group).
+pub const MAX_SHARDS: u32 = 4096;
+
+/// `d`, unless it is zero: a zero timeout would make the node unusable.
+fn nonzero(name: &str, d: Duration) -> Result<Duration, String> {
+    if d.is_zero() {
+        Err(format!(
+            "`{name}` must be above zero; write e.g. \"500ms\", \"30s\""
+        ))
+    } else {
+        Ok(d)
+    }
+}
+
 impl NodeOptions {
     /// Reads a config file (TOML, the same keys as the flags with underscores).
     pub fn from_file(path: &std::path::Path) -> Result<Self, String> {
@@ -435,12 +449,18 @@ impl NodeOptions {
             wal_hold_while: self.test_hold_wal_while.clone(),
             heartbeat,
             election_timeout,
-            unavailable_after: duration(
+            unavailable_after: nonzero(
                 "unavailable_after",
-                &self.unavailable_after,
-                Duration::from_millis(500),
+                duration(
+                    "unavailable_after",
+                    &self.unavailable_after,
+                    Duration::from_millis(500),
+                )?,
             )?,
-            write_timeout: duration("write_timeout", &self.write_timeout, Duration::from_secs(2))?,
+            write_timeout: nonzero(
+                "write_timeout",
+                duration("write_timeout", &self.write_timeout, Duration::from_secs(2))?,
+            )?,
             batch_max: self.batch_max.unwrap_or(1024).max(1),
             batch_linger: duration("batch_linger", &self.batch_linger, Duration::from_millis(2))?,
             fast_linger: duration("fast_linger", &self.fast_linger, Duration::from_millis(20))?,
@@ -499,7 +519,12 @@ impl NodeOptions {
             resp_addr: self.resp_addr.unwrap_or(d.resp_addr),
             data_dir: self.data_dir.clone(),
             policies: self.policies.clone(),
-            shards: positive("shards", self.shards.unwrap_or(default_shards) as u64)? as u32,
+            shards: match positive("shards", self.shards.unwrap_or(default_shards) as u64)? {
+                n if n > MAX_SHARDS as u64 => {
+                    return Err(format!("`shards` = {n} is too many: at most {MAX_SHARDS}"))
+                }
+                n => n as u32,
+            },
             sharding: match &self.sharding {
                 None => d.sharding,
                 Some(text) => crate::shard::route::Sharding::parse(text).ok_or_else(|| {
@@ -525,7 +550,10 @@ impl NodeOptions {
                 "max_connections",
                 self.max_connections.unwrap_or(d.max_connections) as u64,
             )? as usize,
-            idle_timeout: duration("idle_timeout", &self.idle_timeout, d.idle_timeout)?,
+            idle_timeout: nonzero(
+                "idle_timeout",
+                duration("idle_timeout", &self.idle_timeout, d.idle_timeout)?,
+            )?,
             idempotency_horizon: duration(
                 "idempotency_horizon",
                 &self.idempotency_horizon,
@@ -536,7 +564,10 @@ impl NodeOptions {
                 &self.eviction_interval,
                 d.eviction_interval,
             )?,
-            shard_timeout: duration("shard_timeout", &self.shard_timeout, d.shard_timeout)?,
+            shard_timeout: nonzero(
+                "shard_timeout",
+                duration("shard_timeout", &self.shard_timeout, d.shard_timeout)?,
+            )?,
             decision_log_sample: log_sample,
         })
     }
@@ -704,6 +735,21 @@ mod tests {
             ..Default::default()
         })
         .contains("`shards`"));
+        assert!(bad(NodeOptions {
+            shards: Some(4_000_000_000),
+            ..Default::default()
+        })
+        .contains("`shards` = 4000000000 is too many"));
+        assert!(bad(NodeOptions {
+            idle_timeout: Some("0s".into()),
+            ..Default::default()
+        })
+        .contains("`idle_timeout` must be above zero"));
+        assert!(bad(NodeOptions {
+            unavailable_after: Some("0ms".into()),
+            ..member()
+        })
+        .contains("`unavailable_after` must be above zero"));
         assert!(bad(NodeOptions {
             sharding: Some("ring".into()),
             ..Default::default()

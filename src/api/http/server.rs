@@ -42,7 +42,10 @@ pub async fn serve<L: Listener>(
     let config = service.config().clone();
     let metrics = service.metrics().clone();
     let app = router(service);
-    let permits = Arc::new(Semaphore::new(config.max_connections));
+    // Clamped as the RESP server's: a larger count would panic in tokio.
+    let permits = Arc::new(Semaphore::new(
+        config.max_connections.min(Semaphore::MAX_PERMITS),
+    ));
     let (stop_tx, stop_rx) = watch::channel(());
     let mut builder = http1::Builder::new();
     builder
