@@ -250,7 +250,10 @@ pub(crate) fn admitted_after_reload(
         return admitted;
     }
     let refill = Divisor::from(rate).ceil_sat(capacity as u128 * period as u128);
-    admitted.max(now).saturating_add(refill)
+    // Not `admitted.max(now) + refill`: a key whose limit flips back and forth (members
+    // with two policy files during a rolling reload) would push it a refill further each
+    // time, and its refunds would give nothing for ever longer.
+    admitted.max(now.saturating_add(refill))
 }
 
 /// `limit` units per window of `period`: the parameters of the fixed window and the
