@@ -244,6 +244,10 @@ struct ClusterArgs {
     /// a member), amid the other faults. The removed node keeps running.
     #[arg(long)]
     membership_faults: bool,
+    /// Every node snapshots each shard every 50 entries (instead of 20,000), so restarted
+    /// and lagging nodes install the leader's snapshots amid the faults.
+    #[arg(long)]
+    small_snapshots: bool,
     /// How the nodes spread keys over shards: "hash" or "slots" (Redis Cluster's hash slots).
     #[arg(long, default_value = "hash", value_parser = parse_sharding)]
     sharding: quorate::shard::route::Sharding,
@@ -466,6 +470,7 @@ fn sim_cluster(a: ClusterArgs) -> Result<(), CliError> {
         fallback_clients: a.fallback_clients,
         handover_faults: a.handover_faults,
         membership_faults: a.membership_faults,
+        small_snapshots: a.small_snapshots,
         sharding: a.sharding,
         nemesis: !a.no_nemesis,
         controls: Controls {

@@ -267,7 +267,7 @@ pub fn handles(
                 fast_batch: 512,
                 pipeline: 1,
                 denial_cache: 100_000,
-                snapshot_every: 20_000,
+                snapshot_every: if opts.small_snapshots { 50 } else { 20_000 },
                 join,
                 hooks,
             });

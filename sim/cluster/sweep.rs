@@ -33,6 +33,8 @@ pub struct SeedResult {
     pub replaced: u64,
     #[serde(default)]
     pub removed_refusals: u64,
+    #[serde(default)]
+    pub snapshots_installed: u64,
     pub fast_excess: u64,
     pub violations: Vec<String>,
 }
@@ -48,6 +50,7 @@ impl SeedResult {
             handovers_failed: r.handovers_failed,
             replaced: r.replaced,
             removed_refusals: r.removed_refusals,
+            snapshots_installed: r.snapshots_installed,
             fast_excess: r.fast_excess,
             violations: r.violations.clone(),
         }
@@ -66,6 +69,8 @@ pub struct Sweep {
     pub replaced: u64,
     /// The members' refusals of the removed node's requests (see `Report::removed_refusals`).
     pub removed_refusals: u64,
+    /// Snapshots the nodes installed (see `Report::snapshots_installed`).
+    pub snapshots_installed: u64,
     pub fast_excess: u64,
     /// Failing seeds and their violations, by seed.
     pub failing: Vec<(u64, Vec<String>)>,
@@ -235,6 +240,7 @@ impl Sweep {
         self.handovers_failed += r.handovers_failed;
         self.replaced += r.replaced;
         self.removed_refusals += r.removed_refusals;
+        self.snapshots_installed += r.snapshots_installed;
         self.fast_excess += r.fast_excess;
         let o = &mut self.ops;
         o.invoked += r.ops.invoked;
@@ -308,6 +314,13 @@ impl Sweep {
                 "members replaced through the admin API (a node added, then a member removed): {}; \
                  the removed node's votes and forwarded checks refused: {}",
                 self.replaced, self.removed_refusals
+            );
+        }
+        if self.snapshots_installed > 0 {
+            let _ = writeln!(
+                t,
+                "snapshots received from a leader and installed: {}",
+                self.snapshots_installed
             );
         }
         let violations: usize = self.failing.iter().map(|f| f.1.len()).sum();
