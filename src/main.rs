@@ -421,6 +421,17 @@ fn run(cli: Cli, thp_off: bool) -> Result<(), CliError> {
             Ok(())
         }
         Command::Sim(args) => {
+            // The nodes' own log, to stderr, for debugging a seed (e.g. "openraft=info").
+            if let Ok(filter) = std::env::var("QUORATE_SIM_LOG") {
+                let filter = tracing_subscriber::EnvFilter::try_new(&filter).map_err(|e| {
+                    CliError::Settings(format!("QUORATE_SIM_LOG=\"{filter}\": {e}"))
+                })?;
+                tracing_subscriber::fmt()
+                    .with_env_filter(filter)
+                    .with_writer(std::io::stderr)
+                    .with_ansi(false)
+                    .init();
+            }
             let (report, output) = match args.scenario {
                 Scenario::Replay(a) => (
                     sim::replay(

@@ -12,6 +12,9 @@ pub struct Liveness {
     pub leaders_after: Option<u64>,
     /// Per shard: ns from the heal until a probe check there was admitted.
     pub admitted_after: Vec<Option<u64>>,
+    /// Per shard: how each node saw it at the end of the probing (for a shard whose probe
+    /// was never admitted, the report says where it stood).
+    pub views: Vec<String>,
 }
 
 pub fn check(l: &Liveness, within: Duration) -> Vec<String> {
@@ -32,8 +35,13 @@ pub fn check(l: &Liveness, within: Duration) -> Vec<String> {
         match t {
             Some(t) if *t <= bound => {}
             _ => out.push(format!(
-                "liveness: no under-limit check was admitted on shard {shard} within {} s of healing",
-                secs(bound)
+                "liveness: no under-limit check was admitted on shard {shard} within {} s of \
+                 healing{}",
+                secs(bound),
+                l.views
+                    .get(shard)
+                    .map(|v| format!(" (the nodes' views: {v})"))
+                    .unwrap_or_default()
             )),
         }
     }

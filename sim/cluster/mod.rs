@@ -683,6 +683,32 @@ fn run_checked(opts: &Options) -> Report {
         alive = alive && check_running(&mut sim, &mut violations);
     }
     live.admitted_after = lock(&admitted).clone();
+    live.views = (0..opts.shards as usize)
+        .map(|shard| {
+            let view = |n: &Arc<NodeHandle>| {
+                let c = n.service()?.cluster().cloned()?;
+                let g = c.status_with(false).into_iter().nth(shard)?;
+                Some(format!(
+                    "{} {} of term {} (leader {:?}), log {} committed {} applied {}, \
+                     snapshots built {} installed {}",
+                    n.name,
+                    g.state,
+                    g.term,
+                    g.leader,
+                    g.last_log_index,
+                    g.commit_index,
+                    g.applied_index,
+                    g.snapshots,
+                    g.snapshots_installed
+                ))
+            };
+            members
+                .iter()
+                .map(|n| view(n).unwrap_or_else(|| format!("{} down", n.name)))
+                .collect::<Vec<_>>()
+                .join("; ")
+        })
+        .collect();
     // 4. Let the replicas catch up, then compare them. First a settling second: a fast
     // answer given just before the probe finished may sit in an entry still lingering or in
     // flight, which the replicas agree without (seed 50110 with the fallback clients ended
