@@ -355,6 +355,34 @@ fn a_removed_node_that_runs_on_disrupts_no_member() {
     }
 }
 
+/// Snapshots every 50 entries (`--small-snapshots`): restarted and lagging nodes install the
+/// leader's snapshot amid the faults. Seed 93007 guards a stall: node 1 proposed an entry as
+/// shard 3's leader, was cut off, and caught up by installing a snapshot past that entry;
+/// openraft 0.9 answers a waiting client only when its entry is applied or truncated, so the
+/// proposer's pipeline slot stayed taken, and when node 1 led shard 3 again (a rebalance) it
+/// proposed nothing: no check on shard 3 was admitted after healing. The vendored openraft
+/// now answers such a client when the log is purged past its entry (vendor/README.md).
+#[test]
+fn snapshot_installs_amid_faults_keep_every_bound_and_stall_no_shard() {
+    let base = Options {
+        small_snapshots: true,
+        quick_restarts: true,
+        clients: 30,
+        ..sweep_options()
+    };
+    let s = sweep_seeds(&base, 93007, 1);
+    assert!(
+        s.snapshots_installed > 0,
+        "seed 93007 installed no snapshot"
+    );
+    let every = Options {
+        small_snapshots: true,
+        ..every_client_option()
+    };
+    let s = sweep_seeds(&every, 93100, 3);
+    assert!(s.snapshots_installed > 0, "{}", s.summary(&every));
+}
+
 /// Two fresh processes, the same seed (60 s with crashes, partitions and clock faults): the
 /// same bytes. (Within one process a second run is not yet identical after a crash fault:
 /// docs/verification.md, "Known gaps".)

@@ -1719,6 +1719,29 @@ where
             }
             Command::PurgeLog { upto } => {
                 self.log_store.purge(upto.clone()).await?;
+
+                // quorate patch: a client waiting for an entry at or below `upto` that was
+                // never applied here (its entry was replaced by an installed snapshot: this
+                // node proposed it as leader, lost the leadership, and caught up by snapshot
+                // past it) would never be answered, neither by an apply nor by a conflict
+                // truncation. Tell it, as a truncation does: the entry may or may not be in
+                // the snapshot.
+                let kept = self.client_resp_channels.split_off(&upto.index.saturating_add(1));
+                let removed = std::mem::replace(&mut self.client_resp_channels, kept);
+                if !removed.is_empty() {
+                    let leader_id = self.current_leader();
+                    let leader_node = self.get_leader_node(leader_id.clone());
+                    #[allow(clippy::let_underscore_future)]
+                    let _ = C::spawn(async move {
+                        for (_log_index, tx) in removed.into_iter() {
+                            tx.send(Err(ClientWriteError::ForwardToLeader(ForwardToLeader {
+                                leader_id: leader_id.clone(),
+                                leader_node: leader_node.clone(),
+                            })));
+                        }
+                    });
+                }
+
                 self.engine.state.io_state_mut().update_purged(Some(upto));
             }
             Command::DeleteConflictLog { since } => {
