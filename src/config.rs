@@ -329,14 +329,19 @@ pub const MAX_SETTING_DURATION: Duration = Duration::from_secs(365 * 24 * 3600);
 /// The most shards a node takes (each an actor; in a cluster, each a Raft group).
 pub const MAX_SHARDS: u32 = 4096;
 
-/// `d`, unless it is zero: a zero timeout would make the node unusable.
-fn nonzero(name: &str, d: Duration) -> Result<Duration, String> {
-    if d.is_zero() {
-        Err(format!(
+/// The duration setting `name` (`v`, or `default`) as `duration` parses it, unless it is
+/// zero: a zero timeout would make the node unusable.
+fn nonzero(
+    duration: &DurationParser,
+    name: &str,
+    v: &Option<String>,
+    default: Duration,
+) -> Result<Duration, String> {
+    match duration(name, v, default)? {
+        d if d.is_zero() => Err(format!(
             "`{name}` must be above zero; write e.g. \"500ms\", \"30s\""
-        ))
-    } else {
-        Ok(d)
+        )),
+        d => Ok(d),
     }
 }
 
@@ -450,16 +455,16 @@ impl NodeOptions {
             heartbeat,
             election_timeout,
             unavailable_after: nonzero(
+                duration,
                 "unavailable_after",
-                duration(
-                    "unavailable_after",
-                    &self.unavailable_after,
-                    Duration::from_millis(500),
-                )?,
+                &self.unavailable_after,
+                Duration::from_millis(500),
             )?,
             write_timeout: nonzero(
+                duration,
                 "write_timeout",
-                duration("write_timeout", &self.write_timeout, Duration::from_secs(2))?,
+                &self.write_timeout,
+                Duration::from_secs(2),
             )?,
             batch_max: self.batch_max.unwrap_or(1024).max(1),
             batch_linger: duration("batch_linger", &self.batch_linger, Duration::from_millis(2))?,
@@ -551,8 +556,10 @@ impl NodeOptions {
                 self.max_connections.unwrap_or(d.max_connections) as u64,
             )? as usize,
             idle_timeout: nonzero(
+                &duration,
                 "idle_timeout",
-                duration("idle_timeout", &self.idle_timeout, d.idle_timeout)?,
+                &self.idle_timeout,
+                d.idle_timeout,
             )?,
             idempotency_horizon: duration(
                 "idempotency_horizon",
@@ -565,8 +572,10 @@ impl NodeOptions {
                 d.eviction_interval,
             )?,
             shard_timeout: nonzero(
+                &duration,
                 "shard_timeout",
-                duration("shard_timeout", &self.shard_timeout, d.shard_timeout)?,
+                &self.shard_timeout,
+                d.shard_timeout,
             )?,
             decision_log_sample: log_sample,
         })

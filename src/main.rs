@@ -358,6 +358,19 @@ fn parse_duration(text: &str) -> Result<u64, String> {
     }
 }
 
+/// Logs to stderr under `filter` (RUST_LOG syntax; `setting` names where it came from in the
+/// error), in colour only on a terminal: log files and collectors get plain text.
+fn init_log(filter: &str, setting: &str) -> Result<(), CliError> {
+    let filter = tracing_subscriber::EnvFilter::try_new(filter)
+        .map_err(|e| CliError::Settings(format!("{setting} \"{filter}\": {e}")))?;
+    let ansi = std::io::IsTerminal::is_terminal(&std::io::stderr());
+    tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .with_ansi(ansi)
+        .init();
+    Ok(())
+}
 fn main() -> ExitCode {
     let thp_off = no_transparent_huge_pages();
     let cli = Cli::parse();
@@ -423,14 +436,7 @@ fn run(cli: Cli, thp_off: bool) -> Result<(), CliError> {
         Command::Sim(args) => {
             // The nodes' own log, to stderr, for debugging a seed (e.g. "openraft=info").
             if let Ok(filter) = std::env::var("QUORATE_SIM_LOG") {
-                let filter = tracing_subscriber::EnvFilter::try_new(&filter).map_err(|e| {
-                    CliError::Settings(format!("QUORATE_SIM_LOG=\"{filter}\": {e}"))
-                })?;
-                tracing_subscriber::fmt()
-                    .with_env_filter(filter)
-                    .with_writer(std::io::stderr)
-                    .with_ansi(false)
-                    .init();
+                init_log(&filter, "QUORATE_SIM_LOG")?;
             }
             let (report, output) = match args.scenario {
                 Scenario::Replay(a) => (
@@ -672,15 +678,7 @@ mod node {
                 CliError::Settings(format!("cannot create data dir {}: {e}", dir.display()))
             })?;
         }
-        let filter = tracing_subscriber::EnvFilter::try_new(&args.log)
-            .map_err(|e| CliError::Settings(format!("--log \"{}\": {e}", args.log)))?;
-        // Colour only on a terminal: log files and collectors get plain text.
-        let ansi = std::io::IsTerminal::is_terminal(&std::io::stderr());
-        tracing_subscriber::fmt()
-            .with_env_filter(filter)
-            .with_writer(std::io::stderr)
-            .with_ansi(ansi)
-            .init();
+        crate::init_log(&args.log, "--log")?;
         if !thp_off {
             tracing::debug!(
                 "transparent huge pages stay on: the kernel refused PR_SET_THP_DISABLE"

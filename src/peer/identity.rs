@@ -24,6 +24,7 @@ use crate::member::{blocking_io, read_record, write_record};
 use std::collections::BTreeMap;
 use std::io;
 use std::path::PathBuf;
+use std::sync::Arc;
 
 /// A data directory's id: 128 random bits, written on its first start. 0 is "none".
 pub type DataId = u128;
@@ -38,15 +39,10 @@ pub const PEERS_FILE: &str = "peer-data-ids";
 pub struct Identities {
     own: DataId,
     /// An async lock: a new record is written (and synced) while it is held, so records
-    /// reach the file in the order they were made, and no runtime thread waits on it.
-    known: tokio::sync::Mutex<BTreeMap<NodeId, DataId>>,
-    /// Records made so far (counted under `known`'s lock) and, under its own lock, the number
-    /// of the one the file holds. A handshake that times out drops its `admit` while the
-    /// write goes on in the blocking pool; the next `admit` may then write too. The file lock
-    /// keeps the two writers off the one temporary file, and the count keeps an older record
-    /// from replacing a newer one.
-    made: std::sync::atomic::AtomicU64,
-    on_disk: std::sync::Arc<std::sync::Mutex<u64>>,
+    /// reach the file in the order they were made, and no runtime thread waits on it. The
+    /// write holds it (an owned guard): a handshake that times out drops its `admit`, not the
+    /// write, which records the id in memory too once it is on disk.
+    known: Arc<tokio::sync::Mutex<BTreeMap<NodeId, DataId>>>,
     /// The data directory the known ids are kept in (`None`: in memory only, for tests).
     dir: Option<PathBuf>,
     /// Write on the runtime, not the blocking pool (the simulation: see
@@ -69,9 +65,7 @@ impl Identities {
     pub fn in_memory(own: DataId) -> Self {
         Identities {
             own,
-            known: tokio::sync::Mutex::new(BTreeMap::new()),
-            made: Default::default(),
-            on_disk: Default::default(),
+            known: Arc::new(tokio::sync::Mutex::new(BTreeMap::new())),
             dir: None,
             io_on_runtime: false,
         }
@@ -133,9 +127,7 @@ impl Identities {
         }
         Ok(Identities {
             own,
-            known: tokio::sync::Mutex::new(known),
-            made: Default::default(),
-            on_disk: Default::default(),
+            known: Arc::new(tokio::sync::Mutex::new(known)),
             dir: Some(data_dir.to_path_buf()),
             io_on_runtime,
         })
@@ -160,7 +152,7 @@ impl Identities {
                 "node {node} presented no data directory id"
             )));
         }
-        let mut known = self.known.lock().await;
+        let mut known = Arc::clone(&self.known).lock_owned().await;
         match known.get(&node) {
             Some(&recorded) if recorded == presented => return Ok(()),
             Some(&recorded) => {
@@ -171,38 +163,29 @@ impl Identities {
             }
             None => {}
         }
+        let Some(dir) = &self.dir else {
+            known.insert(node, presented);
+            return Ok(());
+        };
         // Once per peer: every record, synced, before the connection is accepted.
-        if let Some(dir) = &self.dir {
-            let text: String = known
-                .iter()
-                .chain([(&node, &presented)])
-                .map(|(n, id)| format!("{n} {id:032x}\n"))
-                .collect();
-            let at = dir.clone();
-            let made = self.made.fetch_add(1, std::sync::atomic::Ordering::Relaxed) + 1;
-            let on_disk = std::sync::Arc::clone(&self.on_disk);
-            let written = blocking_io(self.io_on_runtime, move || {
-                let mut on_disk = on_disk
-                    .lock()
-                    .unwrap_or_else(std::sync::PoisonError::into_inner);
-                if *on_disk > made {
-                    // A newer record is on disk (this admit's caller gave up: `made`).
-                    return Ok(());
-                }
-                write_record(&at, PEERS_FILE, text.trim_end())?;
-                *on_disk = made;
-                Ok(())
-            })
-            .await;
-            if let Err(e) = written {
-                return Err(Mismatch::NotRecorded(format!(
-                    "cannot record node {node}'s data id in {}: {e}",
-                    dir.join(PEERS_FILE).display()
-                )));
-            }
-        }
-        known.insert(node, presented);
-        Ok(())
+        let text: String = known
+            .iter()
+            .chain([(&node, &presented)])
+            .map(|(n, id)| format!("{n} {id:032x}\n"))
+            .collect();
+        let at = dir.clone();
+        let written = blocking_io(self.io_on_runtime, move || {
+            write_record(&at, PEERS_FILE, text.trim_end())?;
+            known.insert(node, presented);
+            Ok(())
+        })
+        .await;
+        written.map_err(|e| {
+            Mismatch::NotRecorded(format!(
+                "cannot record node {node}'s data id in {}: {e}",
+                dir.join(PEERS_FILE).display()
+            ))
+        })
     }
 }
 

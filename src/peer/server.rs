@@ -140,15 +140,16 @@ impl PeerServer {
                             continue;
                         }
                     };
-                    let Ok(slot) = slots.clone().try_acquire_owned() else {
-                        PeerStats::bump(&shared.stats.connections_rejected);
-                        warn!(%addr, "peer connection refused: max_connections are open");
-                        continue;
-                    };
-                    // Not logged one by one (a flood would flood the log): counted.
+                    // First: an address flooding the handshake takes no slot, and is not logged
+                    // one by one (a flood would flood the log), only counted.
                     let Some(place) = Handshaking::enter(&shared, addr.ip()) else {
                         PeerStats::bump(&shared.stats.handshakes_refused);
                         debug!(%addr, "peer connection refused: max_handshakes_per_addr from its address");
+                        continue;
+                    };
+                    let Ok(slot) = slots.clone().try_acquire_owned() else {
+                        PeerStats::bump(&shared.stats.connections_rejected);
+                        warn!(%addr, "peer connection refused: max_connections are open");
                         continue;
                     };
                     conns.spawn(connection(stream, addr, shared.clone(), slot, place));

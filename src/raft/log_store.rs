@@ -398,6 +398,15 @@ impl GroupLog {
         self.stage(batch, update, Reserved::submit).await
     }
 
+    /// [`GroupLog::write`], returning once the record is durable.
+    async fn write_synced(
+        &self,
+        batch: Batch,
+        update: impl FnOnce(&mut GroupState),
+    ) -> io::Result<()> {
+        self.write(batch, update).await?.await
+    }
+
     /// [`GroupLog::write`] for a record nobody waits for: it causes no sync of its own and
     /// rides on the next append's (see the module docs).
     async fn write_unsynced(
@@ -430,6 +439,12 @@ impl GroupLog {
         }
         Ok(batch)
     }
+}
+
+/// The in-memory side of a truncation from `since` (a named step: the negative controls
+/// swap the synced write of it for an unsynced one).
+fn truncating(since: u64) -> impl FnOnce(&mut GroupState) {
+    move |s| s.truncate(since)
 }
 
 /// How long a purge waits for the snapshot that covers it to be durable (a received
@@ -496,11 +511,9 @@ impl RaftLogStorage<TypeConfig> for GroupLog {
         let fail = |e| storage_error(ErrorSubject::Vote, ErrorVerb::Write, e);
         let batch = self.one_record(kind::VOTE, vote).map_err(fail)?;
         let vote = *vote;
-        let durable = self
-            .write(batch, |s| s.vote = Some(vote))
+        self.write_synced(batch, |s| s.vote = Some(vote))
             .await
-            .map_err(fail)?;
-        durable.await.map_err(fail)
+            .map_err(fail)
     }
 
     async fn read_vote(&mut self) -> StorageResult<Option<Vote<NodeId>>> {
@@ -569,11 +582,9 @@ impl RaftLogStorage<TypeConfig> for GroupLog {
         let since = log_id.index;
         let batch = self.one_record(kind::TRUNCATE, &since).map_err(fail)?;
         // Durable before it returns: no append need follow it (module docs).
-        let synced = self
-            .write(batch, |s| s.truncate(since))
+        self.write_synced(batch, truncating(since))
             .await
-            .map_err(fail)?;
-        synced.await.map_err(fail)
+            .map_err(fail)
     }
 
     async fn purge(&mut self, log_id: LogId<NodeId>) -> StorageResult<()> {

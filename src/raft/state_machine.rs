@@ -60,15 +60,7 @@ pub struct ShardMachine {
     bounds: Bounds,
     last_applied: Option<LogId<NodeId>>,
     membership: Membership,
-    /// The snapshot in the file: set only together with the file's write (see [`persist`]).
-    current: Arc<Mutex<Option<Stored>>>,
-    /// Held while the snapshot file is written: a build (openraft runs it as a task of its
-    /// own) and an install may finish at once.
-    writing: Arc<Mutex<()>>,
-    /// The last index the snapshot file covers, once it is durable: the group's log store
-    /// purges no further ([`ShardMachine::snapshot_mark`]).
-    durable: Arc<watch::Sender<u64>>,
-    path: PathBuf,
+    file: Arc<SnapshotFile>,
     info: Arc<MachineInfo>,
     /// Snapshots built by this process, to name them uniquely.
     built: Arc<AtomicU64>,
@@ -102,25 +94,28 @@ impl ShardMachine {
             bounds,
             last_applied: None,
             membership: Membership::default(),
-            current: Arc::new(Mutex::new(None)),
-            writing: Arc::default(),
-            durable: Arc::new(watch::channel(0).0),
-            path,
+            file: Arc::new(SnapshotFile {
+                path,
+                current: Mutex::new(None),
+                writing: Mutex::new(()),
+                durable: watch::channel(0).0,
+            }),
             info: Arc::new(MachineInfo::default()),
             built: Arc::new(AtomicU64::new(0)),
             node: 0,
             hooks: Hooks::default(),
             removal: Arc::default(),
         };
-        match std::fs::read(&sm.path) {
+        let path = sm.file.path.clone();
+        match std::fs::read(&path) {
             Ok(bytes) => {
                 let (meta, image) =
-                    split_snapshot(&bytes).map_err(|e| format!("{}: {e}", sm.path.display()))?;
+                    split_snapshot(&bytes).map_err(|e| format!("{}: {e}", path.display()))?;
                 sm.restore(meta, image)
-                    .map_err(|e| format!("{}: {e}", sm.path.display()))?;
+                    .map_err(|e| format!("{}: {e}", path.display()))?;
             }
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
-            Err(e) => return Err(format!("{}: {e}", sm.path.display())),
+            Err(e) => return Err(format!("{}: {e}", path.display())),
         }
         Ok(sm)
     }
@@ -140,7 +135,7 @@ impl ShardMachine {
     /// waits on this so a purge is never on disk before the snapshot that replaces what it
     /// deletes (`raft::log_store`).
     pub fn snapshot_mark(&self) -> watch::Receiver<u64> {
-        self.durable.subscribe()
+        self.file.durable.subscribe()
     }
 
     /// The shard state (shared, for status and tests).
@@ -156,8 +151,8 @@ impl ShardMachine {
     fn restore(&mut self, meta: Meta, image: &[u8]) -> Result<(), String> {
         let state = ShardState::from_image(image, self.bounds)?;
         self.take_state(&meta, state);
-        mark_durable(&self.durable, &meta);
-        *lock(&self.current) = Some(Stored {
+        self.file.mark_durable(&meta);
+        *lock(&self.file.current) = Some(Stored {
             meta,
             data: Arc::new(image.to_vec()),
         });
@@ -239,69 +234,70 @@ fn split_snapshot(bytes: &[u8]) -> Result<(Meta, &[u8]), String> {
     Ok((meta, &bytes[4 + len..]))
 }
 
-/// Writes `stored` to the snapshot file and makes it the current snapshot, unless the file
-/// holds a newer one: a build that finishes after an install of a newer snapshot (openraft
-/// builds in a task of its own) must not put its older image back in the file, nor offer it
-/// to lagging followers, once openraft has purged the log the newer one covers. Returns
-/// whether it wrote. Blocking; the writes of one group are serialized by `writing`.
-fn persist(
-    path: &Path,
-    stored: &Stored,
-    current: &Mutex<Option<Stored>>,
-    writing: &Mutex<()>,
-    durable: &watch::Sender<u64>,
-) -> std::io::Result<bool> {
-    let _writing = lock(writing);
-    let newer = lock(current)
-        .as_ref()
-        .is_some_and(|c| c.meta.last_log_id > stored.meta.last_log_id);
-    if newer {
-        return Ok(false);
-    }
-    let meta = encode_meta(&stored.meta);
-    let len = (meta.len() as u32).to_le_bytes();
-    write_durably(path, &[&len, &meta, &stored.data])?;
-    mark_durable(durable, &stored.meta);
-    *lock(current) = Some(stored.clone());
-    Ok(true)
+/// A group's snapshot file, shared by its state machine and the builds it hands out.
+struct SnapshotFile {
+    path: PathBuf,
+    /// The snapshot in the file: set only together with the file's write ([`Self::persist`]).
+    current: Mutex<Option<Stored>>,
+    /// Held while the file is written: a build (openraft runs it as a task of its own) and
+    /// an install may finish at once.
+    writing: Mutex<()>,
+    /// The last index the file covers, once it is durable: the group's log store purges no
+    /// further ([`ShardMachine::snapshot_mark`]).
+    durable: watch::Sender<u64>,
 }
 
-/// Raises the durable snapshot mark to what `meta` covers.
-fn mark_durable(durable: &watch::Sender<u64>, meta: &Meta) {
-    let index = meta.last_log_id.map_or(0, |l| l.index);
-    durable.send_if_modified(|d| {
-        let raise = index > *d;
-        if raise {
-            *d = index;
+impl SnapshotFile {
+    /// Writes `stored` to the file and makes it the current snapshot, unless the file holds
+    /// a newer one: a build that finishes after an install of a newer snapshot (openraft
+    /// builds in a task of its own) must not put its older image back in the file, nor offer
+    /// it to lagging followers, once openraft has purged the log the newer one covers.
+    /// Blocking; the writes are serialized by `writing`.
+    fn persist(&self, stored: &Stored) -> std::io::Result<()> {
+        let _writing = lock(&self.writing);
+        let newer = lock(&self.current)
+            .as_ref()
+            .is_some_and(|c| c.meta.last_log_id > stored.meta.last_log_id);
+        if newer {
+            return Ok(());
         }
-        raise
-    });
+        let meta = encode_meta(&stored.meta);
+        let len = (meta.len() as u32).to_le_bytes();
+        write_durably(&self.path, &[&len, &meta, &stored.data])?;
+        self.mark_durable(&stored.meta);
+        *lock(&self.current) = Some(stored.clone());
+        Ok(())
+    }
+
+    /// Raises the durable snapshot mark to what `meta` covers.
+    fn mark_durable(&self, meta: &Meta) {
+        let index = meta.last_log_id.map_or(0, |l| l.index);
+        self.durable.send_if_modified(|d| {
+            let raise = index > *d;
+            if raise {
+                *d = index;
+            }
+            raise
+        });
+    }
 }
 
 pub struct ShardSnapshotBuilder {
     /// Write the snapshot inline (see [`crate::member::blocking_io`]).
     inline: bool,
     stored: Stored,
-    path: PathBuf,
-    current: Arc<Mutex<Option<Stored>>>,
-    writing: Arc<Mutex<()>>,
-    durable: Arc<watch::Sender<u64>>,
+    file: Arc<SnapshotFile>,
     info: Arc<MachineInfo>,
 }
 
 impl RaftSnapshotBuilder<TypeConfig> for ShardSnapshotBuilder {
     async fn build_snapshot(&mut self) -> Result<Snapshot<TypeConfig>, StorageError<NodeId>> {
         let stored = self.stored.clone();
-        let path = self.path.clone();
-        let written = stored.clone();
-        let (current, writing) = (self.current.clone(), self.writing.clone());
-        let durable = self.durable.clone();
+        let (file, written) = (self.file.clone(), stored.clone());
         // Built anyway if a newer snapshot is in the file: openraft keeps its newer one.
-        crate::member::blocking_io(self.inline, move || {
-            persist(&path, &written, &current, &writing, &durable)
-        })
-        .await
-        .map_err(snap_write)?;
+        crate::member::blocking_io(self.inline, move || file.persist(&written))
+            .await
+            .map_err(snap_write)?;
         self.info.snapshots.fetch_add(1, Ordering::Relaxed);
         Ok(Snapshot {
             meta: stored.meta,
@@ -384,10 +380,7 @@ impl RaftStateMachine<TypeConfig> for ShardMachine {
                 },
                 data: Arc::new(data),
             },
-            path: self.path.clone(),
-            current: self.current.clone(),
-            writing: self.writing.clone(),
-            durable: self.durable.clone(),
+            file: self.file.clone(),
             info: self.info.clone(),
         }
     }
@@ -412,14 +405,10 @@ impl RaftStateMachine<TypeConfig> for ShardMachine {
             data: Arc::new(data),
         };
         // On disk first: once installed, openraft may purge the log it replaces.
-        let (path, written) = (self.path.clone(), stored);
-        let (current, writing) = (self.current.clone(), self.writing.clone());
-        let durable = self.durable.clone();
-        crate::member::blocking_io(self.hooks.io_on_runtime, move || {
-            persist(&path, &written, &current, &writing, &durable)
-        })
-        .await
-        .map_err(snap_write)?;
+        let file = self.file.clone();
+        crate::member::blocking_io(self.hooks.io_on_runtime, move || file.persist(&stored))
+            .await
+            .map_err(snap_write)?;
         self.take_state(meta, state);
         self.info.installed.fetch_add(1, Ordering::Relaxed);
         Ok(())
@@ -428,7 +417,7 @@ impl RaftStateMachine<TypeConfig> for ShardMachine {
     async fn get_current_snapshot(
         &mut self,
     ) -> Result<Option<Snapshot<TypeConfig>>, StorageError<NodeId>> {
-        Ok(lock(&self.current).clone().map(|s| Snapshot {
+        Ok(lock(&self.file.current).clone().map(|s| Snapshot {
             meta: s.meta,
             snapshot: Box::new(Cursor::new(s.data.to_vec())),
         }))

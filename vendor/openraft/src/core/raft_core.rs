@@ -797,6 +797,29 @@ where
         }
     }
 
+    /// Answers the clients of entries this node dropped unapplied (truncated as a conflict,
+    /// or purged under an installed snapshot: quorate patch) with `ForwardToLeader`.
+    fn forward_dropped_clients(&self, removed: BTreeMap<u64, ResponderOf<C>>) {
+        if removed.is_empty() {
+            return;
+        }
+        let leader_id = self.current_leader();
+        let leader_node = self.get_leader_node(leader_id.clone());
+
+        // False positive lint warning(`non-binding `let` on a future`): https://github.com/rust-lang/rust-clippy/issues/9932
+        #[allow(clippy::let_underscore_future)]
+        let _ = C::spawn(async move {
+            for (log_index, tx) in removed.into_iter() {
+                tx.send(Err(ClientWriteError::ForwardToLeader(ForwardToLeader {
+                    leader_id: leader_id.clone(),
+                    leader_node: leader_node.clone(),
+                })));
+
+                tracing::debug!("sent ForwardToLeader for log_index: {}", log_index,);
+            }
+        });
+    }
+
     /// Send result of applying a log entry to its client.
     #[tracing::instrument(level = "debug", skip_all)]
     pub(super) fn send_response(entry: ApplyingEntry<C::NodeId, C::Node>, resp: C::R, tx: Option<ResponderOf<C>>) {
@@ -1728,19 +1751,7 @@ where
                 // the snapshot.
                 let kept = self.client_resp_channels.split_off(&upto.index.saturating_add(1));
                 let removed = std::mem::replace(&mut self.client_resp_channels, kept);
-                if !removed.is_empty() {
-                    let leader_id = self.current_leader();
-                    let leader_node = self.get_leader_node(leader_id.clone());
-                    #[allow(clippy::let_underscore_future)]
-                    let _ = C::spawn(async move {
-                        for (_log_index, tx) in removed.into_iter() {
-                            tx.send(Err(ClientWriteError::ForwardToLeader(ForwardToLeader {
-                                leader_id: leader_id.clone(),
-                                leader_node: leader_node.clone(),
-                            })));
-                        }
-                    });
-                }
+                self.forward_dropped_clients(removed);
 
                 self.engine.state.io_state_mut().update_purged(Some(upto));
             }
@@ -1749,23 +1760,7 @@ where
 
                 // Inform clients waiting for logs to be applied.
                 let removed = self.client_resp_channels.split_off(&since.index);
-                if !removed.is_empty() {
-                    let leader_id = self.current_leader();
-                    let leader_node = self.get_leader_node(leader_id.clone());
-
-                    // False positive lint warning(`non-binding `let` on a future`): https://github.com/rust-lang/rust-clippy/issues/9932
-                    #[allow(clippy::let_underscore_future)]
-                    let _ = C::spawn(async move {
-                        for (log_index, tx) in removed.into_iter() {
-                            tx.send(Err(ClientWriteError::ForwardToLeader(ForwardToLeader {
-                                leader_id: leader_id.clone(),
-                                leader_node: leader_node.clone(),
-                            })));
-
-                            tracing::debug!("sent ForwardToLeader for log_index: {}", log_index,);
-                        }
-                    });
-                }
+                self.forward_dropped_clients(removed);
             }
             Command::SendVote { vote_req } => {
                 self.spawn_parallel_vote_requests(&vote_req).await;
