@@ -57,7 +57,7 @@ impl LogFactory for NodeLog {
     fn log(
         &mut self,
         group: GroupId,
-        snapshot: tokio::sync::watch::Receiver<u64>,
+        snapshot: Arc<crate::raft::state_machine::MachineInfo>,
     ) -> Result<GroupLog, String> {
         Ok(self.group_after_snapshots(group, snapshot))
     }

@@ -362,6 +362,8 @@ fn a_removed_node_that_runs_on_disrupts_no_member() {
 /// proposer's pipeline slot stayed taken, and when node 1 led shard 3 again (a rebalance) it
 /// proposed nothing: no check on shard 3 was admitted after healing. The vendored openraft
 /// now answers such a client when the log is purged past its entry (vendor/README.md).
+/// The same seed sees purges reach a store before the installed snapshot is on disk when
+/// the purge does not wait for the install (the fourth change there).
 #[test]
 fn snapshot_installs_amid_faults_keep_every_bound_and_stall_no_shard() {
     let base = Options {

@@ -263,6 +263,10 @@ pub struct GroupStatus {
     pub snapshots: u64,
     /// Snapshots this member received from a leader and installed.
     pub snapshots_installed: u64,
+    /// Log purges that reached this member's store before the snapshot covering them was
+    /// durable (`MachineInfo::early_purges`; they waited for it): always 0 unless openraft's
+    /// ordering broke.
+    pub early_purges: u64,
     pub entries_proposed: u64,
     /// A hash of the shard's applied state (keys and their states, order-independent):
     /// equal on every replica that applied the same entries.
@@ -272,13 +276,9 @@ pub struct GroupStatus {
 /// Builds a group's log storage (the node's shared WAL hands these out).
 pub trait LogFactory {
     type Log: RaftLogStorage<TypeConfig>;
-    /// `snapshot`: the group's durable snapshot mark (`ShardMachine::snapshot_mark`), which
-    /// the log's purges wait for.
-    fn log(
-        &mut self,
-        group: GroupId,
-        snapshot: tokio::sync::watch::Receiver<u64>,
-    ) -> Result<Self::Log, String>;
+    /// `snapshot`: the group's state machine's info, whose durable snapshot mark the log's
+    /// purges do not pass (`raft::log_store`).
+    fn log(&mut self, group: GroupId, snapshot: Arc<MachineInfo>) -> Result<Self::Log, String>;
 }
 
 pub struct Cluster {
@@ -359,7 +359,7 @@ impl Cluster {
             sm.set_node(config.node_id, config.hooks.clone(), removed.clone());
             let info = sm.info();
             let info_state = sm.state();
-            let mut log = logs.log(g, sm.snapshot_mark())?;
+            let mut log = logs.log(g, info.clone())?;
             // The term this node led when it stopped, if it did (its saved vote is its own
             // and committed): openraft restores it as that term's leader, and the voters
             // may still hold waivers of that leadership (see `propose_loop`).
@@ -1383,6 +1383,7 @@ impl Cluster {
                     shard_time_ns: g.info.time.load(Ordering::Relaxed),
                     snapshots: g.info.snapshots.load(Ordering::Relaxed),
                     snapshots_installed: g.info.installed.load(Ordering::Relaxed),
+                    early_purges: g.info.early_purges.load(Ordering::Relaxed),
                     entries_proposed: g.proposed.load(Ordering::Relaxed),
                     digest: if digests {
                         format!("{:016x}", lock(&g.info_state).digest())

@@ -41,12 +41,16 @@
 //! - `purge` causes no sync of its own ([`crate::wal::Reserved::submit_unsynced`]): it is
 //!   written in its place in the stream and made durable by the next sync. A lost purge only
 //!   brings back entries the state machine already covers. But a purge must not be on disk
-//!   before the snapshot that covers what it deletes: openraft purges as soon as it has
-//!   asked for a received snapshot to be installed, while the install is still writing the
-//!   snapshot file, and a crash then would leave the log purged past the old snapshot (the
-//!   restart cannot re-apply what is gone). So a purge first waits (up to 30 s, then goes
-//!   ahead with a warning) until the group's snapshot file durably covers its index
-//!   ([`NodeLog::group_after_snapshots`]); after a snapshot this node built, it already does.
+//!   before the snapshot that covers what it deletes, or a crash between would leave the log
+//!   purged past the snapshot on disk (the restart cannot re-apply what is gone). openraft
+//!   0.9.25 purged as soon as it had asked for a received snapshot to be installed, while
+//!   the install was still writing the file; the vendored openraft runs that purge only
+//!   once the install has finished (vendor/README.md, the fourth change), and after a
+//!   snapshot this node built the file is durable before openraft hears of it. The store
+//!   does not trust this: a purge past the group's durable snapshot
+//!   ([`NodeLog::group_after_snapshots`]) is counted (`MachineInfo::early_purges`, a
+//!   violation in the simulation) and waits until the snapshot covers it. (Skipping it
+//!   is not safe: appends past the snapshot would then leave a gap in the log.)
 //! - `save_committed` does not even queue a submission: the id is left with the WAL
 //!   ([`crate::wal::Wal::defer_latest`], the latest per group) and written after the
 //!   writer's next batch of any group, or at close. openraft saves it after every commit on
@@ -75,14 +79,15 @@ use std::collections::BTreeMap;
 use std::io;
 use std::ops::{Bound, RangeBounds};
 use std::path::Path;
+use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 
 use openraft::storage::{LogFlushed, LogState, RaftLogReader, RaftLogStorage};
 use openraft::{ErrorSubject, ErrorVerb, LogId, OptionalSend, StorageError, Vote};
 use serde::de::DeserializeOwned;
 use serde::Serialize;
-use tokio::sync::watch;
 
+use super::state_machine::MachineInfo;
 use super::types::{GroupId, NodeId, TypeConfig};
 use crate::wal::{Batch, Durable, Record, Reserved, Wal, WalOptions};
 
@@ -305,13 +310,9 @@ impl NodeLog {
         }
     }
 
-    /// [`NodeLog::group`], whose purges wait until `snapshot` (the group's state machine's
-    /// `snapshot_mark`) covers what they delete (see the module docs).
-    pub fn group_after_snapshots(
-        &self,
-        group: GroupId,
-        snapshot: watch::Receiver<u64>,
-    ) -> GroupLog {
+    /// [`NodeLog::group`], whose purges go no further than `snapshot` (the group's state
+    /// machine's `MachineInfo::snapshot_durable`) covers (see the module docs).
+    pub fn group_after_snapshots(&self, group: GroupId, snapshot: Arc<MachineInfo>) -> GroupLog {
         GroupLog {
             snapshot: Some(snapshot),
             ..self.group(group)
@@ -362,9 +363,10 @@ pub struct GroupLog {
     wal: Wal,
     state: Shared,
     ack_before_durable: bool,
-    /// The last index the group's snapshot file covers durably (its state machine's
-    /// `snapshot_mark`); a purge waits for it. `None`: no wait (tests of the store alone).
-    snapshot: Option<watch::Receiver<u64>>,
+    /// The group's state machine's info: the last index its snapshot file covers durably,
+    /// which no purge passes, and the count of purges that would have. `None`: no check
+    /// (tests of the store alone).
+    snapshot: Option<Arc<MachineInfo>>,
 }
 
 fn storage_error(
@@ -446,10 +448,6 @@ impl GroupLog {
 fn truncating(since: u64) -> impl FnOnce(&mut GroupState) {
     move |s| s.truncate(since)
 }
-
-/// How long a purge waits for the snapshot that covers it to be durable (a received
-/// snapshot's install: its write and fsync) before it goes ahead anyway.
-const SNAPSHOT_WAIT: std::time::Duration = std::time::Duration::from_secs(30);
 
 /// `range` as `start..end` (end `None` for unbounded); `None` if it is empty.
 fn index_range(range: &impl RangeBounds<u64>) -> Option<(u64, Option<u64>)> {
@@ -589,17 +587,21 @@ impl RaftLogStorage<TypeConfig> for GroupLog {
 
     async fn purge(&mut self, log_id: LogId<NodeId>) -> StorageResult<()> {
         let fail = |e| storage_error(ErrorSubject::Logs, ErrorVerb::Delete, e);
-        if let Some(snapshot) = &mut self.snapshot {
-            let covered = snapshot.wait_for(|&durable| durable >= log_id.index);
-            match tokio::time::timeout(SNAPSHOT_WAIT, covered).await {
-                Ok(Ok(_)) => {}
-                // The state machine is gone: the group is shutting down.
-                Ok(Err(_)) => {}
-                Err(_) => tracing::warn!(
+        if let Some(info) = &self.snapshot {
+            let durable = info.snapshot_durable.load(Ordering::Acquire);
+            if durable < log_id.index {
+                // Not skipped: a skipped purge followed by appends past a snapshot would
+                // leave a gap in the log, which a restart cannot read.
+                info.early_purges.fetch_add(1, Ordering::Relaxed);
+                tracing::error!(
                     group = self.group,
                     upto = log_id.index,
-                    "purging the log before a snapshot covering it is on disk (none after {SNAPSHOT_WAIT:?})"
-                ),
+                    durable,
+                    "a log purge came before the snapshot covering it was on disk; it waits"
+                );
+                while info.snapshot_durable.load(Ordering::Acquire) < log_id.index {
+                    tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+                }
             }
         }
         let batch = self.one_record(kind::PURGE, &log_id).map_err(fail)?;

@@ -25,7 +25,6 @@ use std::io::{Cursor, Write};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
-use tokio::sync::watch;
 
 type Membership = StoredMembership<NodeId, BasicNode>;
 type Meta = SnapshotMeta<NodeId, BasicNode>;
@@ -41,6 +40,14 @@ pub struct MachineInfo {
     pub snapshots: AtomicU64,
     /// Snapshots received from a leader and installed.
     pub installed: AtomicU64,
+    /// The last log index the snapshot file covers, once it is durable: the group's log
+    /// store purges no further (`raft::log_store`).
+    pub snapshot_durable: AtomicU64,
+    /// Purges that reached the log store before the snapshot covering them was durable
+    /// (they wait for it). Always 0: openraft (vendor/README.md, the fourth change) runs the
+    /// purge after a snapshot install only once the install has finished. Counted, not
+    /// trusted.
+    pub early_purges: AtomicU64,
     /// The ids removed from the group, as this replica has applied them (a copy of the
     /// state's `MemberHistory::removed`, replaced whenever that changes): read on the peer
     /// path, where a removed node's votes and forwards are refused, without the state's lock.
@@ -88,6 +95,7 @@ impl ShardMachine {
     pub fn open(dir: &Path, group: GroupId, bounds: Bounds) -> Result<ShardMachine, String> {
         std::fs::create_dir_all(dir).map_err(|e| format!("{}: {e}", dir.display()))?;
         let path = dir.join(format!("group-{group}.snap"));
+        let info = Arc::new(MachineInfo::default());
         let mut sm = ShardMachine {
             group,
             state: Arc::new(Mutex::new(ShardState::new(bounds))),
@@ -98,9 +106,9 @@ impl ShardMachine {
                 path,
                 current: Mutex::new(None),
                 writing: Mutex::new(()),
-                durable: watch::channel(0).0,
+                info: info.clone(),
             }),
-            info: Arc::new(MachineInfo::default()),
+            info: info.clone(),
             built: Arc::new(AtomicU64::new(0)),
             node: 0,
             hooks: Hooks::default(),
@@ -128,14 +136,6 @@ impl ShardMachine {
         self.hooks = hooks;
         self.removal = removal;
         self.note_removed(&lock(&self.state));
-    }
-
-    /// The last log index the snapshot file covers, durably. openraft purges the log as soon
-    /// as it has asked for a received snapshot to be installed, not once it is: the log store
-    /// waits on this so a purge is never on disk before the snapshot that replaces what it
-    /// deletes (`raft::log_store`).
-    pub fn snapshot_mark(&self) -> watch::Receiver<u64> {
-        self.file.durable.subscribe()
     }
 
     /// The shard state (shared, for status and tests).
@@ -242,9 +242,8 @@ struct SnapshotFile {
     /// Held while the file is written: a build (openraft runs it as a task of its own) and
     /// an install may finish at once.
     writing: Mutex<()>,
-    /// The last index the file covers, once it is durable: the group's log store purges no
-    /// further ([`ShardMachine::snapshot_mark`]).
-    durable: watch::Sender<u64>,
+    /// Where the durable mark goes (`MachineInfo::snapshot_durable`).
+    info: Arc<MachineInfo>,
 }
 
 impl SnapshotFile {
@@ -272,13 +271,9 @@ impl SnapshotFile {
     /// Raises the durable snapshot mark to what `meta` covers.
     fn mark_durable(&self, meta: &Meta) {
         let index = meta.last_log_id.map_or(0, |l| l.index);
-        self.durable.send_if_modified(|d| {
-            let raise = index > *d;
-            if raise {
-                *d = index;
-            }
-            raise
-        });
+        self.info
+            .snapshot_durable
+            .fetch_max(index, Ordering::Release);
     }
 }
 
@@ -516,7 +511,7 @@ mod tests {
         let mut reopened = ShardMachine::open(dir, 0, bounds()).unwrap();
         let (restored, _) = reopened.applied_state().await.unwrap();
         assert_eq!(
-            *reopened.snapshot_mark().borrow(),
+            reopened.info().snapshot_durable.load(Ordering::Acquire),
             restored.unwrap().index,
             "the snapshot restored at open covers the log up to its index, durably"
         );
@@ -557,10 +552,10 @@ mod tests {
             .await
             .unwrap();
         // Durable: the log store may purge up to it.
-        assert_eq!(*lagging.snapshot_mark().borrow(), 3);
+        assert_eq!(lagging.info().snapshot_durable.load(Ordering::Acquire), 3);
         let late = build.build_snapshot().await.unwrap();
         assert_eq!(late.meta.last_log_id.unwrap().index, 1);
-        assert_eq!(*lagging.snapshot_mark().borrow(), 3);
+        assert_eq!(lagging.info().snapshot_durable.load(Ordering::Acquire), 3);
         assert_eq!(snapshot_indexes(&mut lagging, &lagging_dir).await, (3, 3));
     }
 

@@ -1740,7 +1740,7 @@ where
                     sender_vote: vote,
                 });
             }
-            Command::PurgeLog { upto } => {
+            Command::PurgeLog { upto, .. } => {
                 self.log_store.purge(upto.clone()).await?;
 
                 // quorate patch: a client waiting for an entry at or below `upto` that was

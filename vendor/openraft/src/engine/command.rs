@@ -92,7 +92,14 @@ where C: RaftTypeConfig
     SendVote { vote_req: VoteRequest<C::NodeId> },
 
     /// Purge log from the beginning to `upto`, inclusive.
-    PurgeLog { upto: LogId<C::NodeId> },
+    ///
+    /// quorate's patch: `when`, a condition to wait for first. The purge that follows a
+    /// snapshot install waits for the install (the state machine command) to finish, so it
+    /// never reaches the log store before the snapshot that covers what it deletes.
+    PurgeLog {
+        upto: LogId<C::NodeId>,
+        when: Option<Condition<C::NodeId>>,
+    },
 
     /// Delete logs that conflict with the leader from a follower/learner since log id `since`,
     /// inclusive.
@@ -138,7 +145,7 @@ where
             (Command::RebuildReplicationStreams { targets },   Command::RebuildReplicationStreams { targets: b }, )                            => targets == b,
             (Command::SaveVote { vote },                       Command::SaveVote { vote: b })                                                  => vote == b,
             (Command::SendVote { vote_req },                   Command::SendVote { vote_req: b }, )                                            => vote_req == b,
-            (Command::PurgeLog { upto },                       Command::PurgeLog { upto: b })                                                  => upto == b,
+            (Command::PurgeLog { upto, when },                 Command::PurgeLog { upto: b, when: b_when })                                    => upto == b && when == b_when,
             (Command::DeleteConflictLog { since },             Command::DeleteConflictLog { since: b }, )                                      => since == b,
             (Command::Respond { when, resp: send },            Command::Respond { when: b_when, resp: b })                                     => send == b && when == b_when,
             (Command::StateMachine { command },                Command::StateMachine { command: b })                                           => command == b,
@@ -190,7 +197,7 @@ where C: RaftTypeConfig
             Command::RebuildReplicationStreams { .. } => None,
             Command::SaveVote { .. }                  => None,
             Command::SendVote { .. }                  => None,
-            Command::PurgeLog { .. }                  => None,
+            Command::PurgeLog { when, .. }            => when.as_ref(),
             Command::DeleteConflictLog { .. }         => None,
             Command::Respond { when, .. }             => when.as_ref(),
             // TODO(1): 

@@ -149,7 +149,7 @@ fn test_handle_install_full_snapshot_no_conflict() -> anyhow::Result<()> {
                 })
                 .with_seq(1)
             ),
-            Command::PurgeLog { upto: log_id(4, 1, 6) },
+            Command::PurgeLog { upto: log_id(4, 1, 6), when: Some(Condition::StateMachineCommand { command_seq: 1 }) },
             Command::Respond {
                 when: Some(Condition::StateMachineCommand { command_seq: 1 }),
                 resp: Respond::new(Ok(SnapshotResponse::new(curr_vote)), dummy_tx),

@@ -90,7 +90,7 @@ fn test_trigger_purge_log_delete_only_in_snapshot_logs() -> anyhow::Result<()> {
     );
 
     assert_eq!(
-        vec![Command::PurgeLog { upto: log_id(1, 0, 3) },],
+        vec![Command::PurgeLog { upto: log_id(1, 0, 3), when: None },],
         eng.output.take_commands()
     );
 

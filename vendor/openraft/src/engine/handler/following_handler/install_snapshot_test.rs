@@ -158,7 +158,7 @@ fn test_install_snapshot_not_conflict() -> anyhow::Result<()> {
                 })
                 .with_seq(1)
             ),
-            Command::PurgeLog { upto: log_id(4, 1, 6) },
+            Command::PurgeLog { upto: log_id(4, 1, 6), when: Some(Condition::StateMachineCommand { command_seq: 1 }) },
         ],
         eng.output.take_commands()
     );
@@ -249,7 +249,7 @@ fn test_install_snapshot_resets_purged_effective_without_truncating() -> anyhow:
                 })
                 .with_seq(1)
             ),
-            Command::PurgeLog { upto: log_id(5, 1, 9) },
+            Command::PurgeLog { upto: log_id(5, 1, 9), when: Some(Condition::StateMachineCommand { command_seq: 1 }) },
         ],
         eng.output.take_commands()
     );
@@ -326,7 +326,7 @@ fn test_install_snapshot_conflict() -> anyhow::Result<()> {
                 })
                 .with_seq(1)
             ),
-            Command::PurgeLog { upto: log_id(5, 1, 6) },
+            Command::PurgeLog { upto: log_id(5, 1, 6), when: Some(Condition::StateMachineCommand { command_seq: 1 }) },
         ],
         eng.output.take_commands()
     );
@@ -381,9 +381,7 @@ fn test_install_snapshot_advance_last_log_id() -> anyhow::Result<()> {
                 })
                 .with_seq(1)
             ),
-            Command::PurgeLog {
-                upto: log_id(100, 1, 100)
-            },
+            Command::PurgeLog { upto: log_id(100, 1, 100), when: Some(Condition::StateMachineCommand { command_seq: 1 }) },
         ],
         eng.output.take_commands()
     );

@@ -320,13 +320,18 @@ where C: RaftTypeConfig
 
         self.output.push_command(Command::from(sm::Command::install_full_snapshot(snapshot)));
         let last_sm_seq = self.output.last_sm_seq();
-
-        self.state.purge_upto = Some(snap_last_log_id);
-        self.log_handler().purge_log();
-
-        Some(Condition::StateMachineCommand {
+        let installed = Condition::StateMachineCommand {
             command_seq: last_sm_seq,
-        })
+        };
+
+        // quorate's patch: the purge waits for the install. Run at once, it reached the log
+        // store while the state machine was still writing the snapshot, and a crash between
+        // left the log purged past the snapshot on disk (the restart could not re-apply what
+        // was gone).
+        self.state.purge_upto = Some(snap_last_log_id);
+        self.log_handler().purge_log_when(Some(installed.clone()));
+
+        Some(installed)
     }
 
     /// Find the last 2 membership entries in a list of entries.

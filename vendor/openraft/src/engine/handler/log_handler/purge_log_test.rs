@@ -60,7 +60,7 @@ fn test_purge_log_same_leader_as_prev_last_purged() -> anyhow::Result<()> {
     assert_eq!(Some(&log_id(4, 1, 6)), lh.state.last_log_id());
 
     assert_eq!(
-        vec![Command::PurgeLog { upto: log_id(2, 1, 3) }],
+        vec![Command::PurgeLog { upto: log_id(2, 1, 3), when: None }],
         lh.output.take_commands()
     );
 
@@ -80,7 +80,7 @@ fn test_purge_log_to_last_key_log() -> anyhow::Result<()> {
     assert_eq!(Some(&log_id(4, 1, 6)), lh.state.last_log_id());
 
     assert_eq!(
-        vec![Command::PurgeLog { upto: log_id(4, 1, 4) }],
+        vec![Command::PurgeLog { upto: log_id(4, 1, 4), when: None }],
         lh.output.take_commands()
     );
 
@@ -100,7 +100,7 @@ fn test_purge_log_go_pass_last_key_log() -> anyhow::Result<()> {
     assert_eq!(Some(&log_id(4, 1, 6)), lh.state.last_log_id());
 
     assert_eq!(
-        vec![Command::PurgeLog { upto: log_id(4, 1, 5) }],
+        vec![Command::PurgeLog { upto: log_id(4, 1, 5), when: None }],
         lh.output.take_commands()
     );
 
@@ -120,7 +120,7 @@ fn test_purge_log_to_last_log_id() -> anyhow::Result<()> {
     assert_eq!(Some(&log_id(4, 1, 6)), lh.state.last_log_id());
 
     assert_eq!(
-        vec![Command::PurgeLog { upto: log_id(4, 1, 6) }],
+        vec![Command::PurgeLog { upto: log_id(4, 1, 6), when: None }],
         lh.output.take_commands()
     );
 
@@ -140,7 +140,7 @@ fn test_purge_log_go_pass_last_log_id() -> anyhow::Result<()> {
     assert_eq!(Some(&log_id(4, 1, 7)), lh.state.last_log_id());
 
     assert_eq!(
-        vec![Command::PurgeLog { upto: log_id(4, 1, 7) }],
+        vec![Command::PurgeLog { upto: log_id(4, 1, 7), when: None }],
         lh.output.take_commands()
     );
 
@@ -160,7 +160,7 @@ fn test_purge_log_to_higher_leader_lgo() -> anyhow::Result<()> {
     assert_eq!(Some(&log_id(5, 1, 7)), lh.state.last_log_id());
 
     assert_eq!(
-        vec![Command::PurgeLog { upto: log_id(5, 1, 7) }],
+        vec![Command::PurgeLog { upto: log_id(5, 1, 7), when: None }],
         lh.output.take_commands()
     );
 
