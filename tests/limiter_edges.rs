@@ -415,6 +415,46 @@ fn mul_div_ceil(a: u64, b: u64, c: u64) -> u64 {
     u64::try_from((a as u128 * b as u128).div_ceil(c as u128)).unwrap()
 }
 
+/// Each bucket algorithm's key before a reload, at each shard age the reload tests run at:
+/// (the shard time, the algorithm, its limit of 10 per second with capacity 10).
+fn bucket_keys() -> impl Iterator<Item = (u64, Algorithm, Limit)> {
+    [1_000 * SECOND, 30 * DAY].into_iter().flat_map(|start| {
+        BUCKETS
+            .into_iter()
+            .map(move |alg| (start, alg, limit(alg, 10, SECOND, 10)))
+    })
+}
+
+/// One reload of [`bucket_reloads`]: from `old` (10 per second, capacity 10) to `new`,
+/// `rate` per `period` with capacity `cap`, at a shard time of `start`.
+struct Reload {
+    start: u64,
+    old: Limit,
+    new: Limit,
+    rate: u64,
+    period: u64,
+    cap: u64,
+    /// What the assertions name.
+    what: String,
+}
+
+/// Every reload of [`BUCKET_CHANGES`], of each bucket algorithm, at each shard age.
+fn bucket_reloads() -> impl Iterator<Item = Reload> {
+    bucket_keys().flat_map(|(start, alg, old)| {
+        BUCKET_CHANGES
+            .into_iter()
+            .map(move |(rate, period, cap)| Reload {
+                start,
+                old: old.clone(),
+                new: limit(alg, rate, period, cap),
+                rate,
+                period,
+                cap,
+                what: format!("{alg:?} at {start}: 10/s, 10 -> {rate} per {period}, {cap}"),
+            })
+    })
+}
+
 /// How many requests of cost 1 a copy of `s` admits at `t`, one after the other.
 fn burst_at(l: &Limit, s: &KeyState, t: u64) -> u64 {
     let mut s = s.clone();
@@ -435,53 +475,55 @@ fn burst_at(l: &Limit, s: &KeyState, t: u64) -> u64 {
 /// "retry in one interval"; a raised rate or longer period gave a whole new burst at once.)
 #[test]
 fn a_reload_carries_a_bucket_keys_debt_over_in_the_new_limits_units() {
-    for start in [1_000 * SECOND, 30 * DAY] {
-        for alg in BUCKETS {
-            let old = limit(alg, 10, SECOND, 10);
-            for (rate, period, cap) in BUCKET_CHANGES {
-                let new = limit(alg, rate, period, cap);
-                let what = format!("{alg:?} at {start}: 10/s, 10 -> {rate} per {period}, {cap}");
-                let mut s = old.new_state();
-                assert_eq!(admitted(&old, &mut s, [start; 10]), 10, "{what}");
-                // 300 ms later three units are back: the key owes seven.
-                let at = start + 300 * MS;
-                new.adopt(&old, &mut s, at);
-                let owed = 7.min(cap);
-                assert_eq!(
-                    burst_at(&new, &s, at),
-                    cap - owed,
-                    "{what}: admitted at once after the reload"
-                );
-                // Spent to the last unit: the denial's retry_after is one new interval, and
-                // exact (denied a nanosecond earlier, admitted then).
-                let mut spent = s.clone();
-                assert_eq!(
-                    admitted(&new, &mut spent, (owed..cap).map(|_| at)) as u64,
-                    cap - owed
-                );
-                let d = new.decide(&mut spent, at, 1);
-                assert_eq!(d.outcome, Outcome::Denied, "{what}: {d:?}");
-                assert_eq!(
-                    d.retry_after,
-                    mul_div_ceil(1, period, rate),
-                    "{what}: {d:?}"
-                );
-                let retry = at + d.retry_after;
-                assert!(
-                    !new.decide(&mut spent.clone(), retry - 1, 1).allowed(),
-                    "{what}"
-                );
-                let again = new.decide(&mut spent, retry, 1);
-                assert!(again.allowed(), "{what}: {again:?} at its retry_after");
-                // Full again one refill of the new limit after the reload.
-                let refill = mul_div_ceil(cap, period, rate);
-                assert_eq!(
-                    burst_at(&new, &s, at + refill),
-                    cap,
-                    "{what}: after a refill"
-                );
-            }
-        }
+    for Reload {
+        start,
+        old,
+        new,
+        rate,
+        period,
+        cap,
+        what,
+    } in bucket_reloads()
+    {
+        let mut s = old.new_state();
+        assert_eq!(admitted(&old, &mut s, [start; 10]), 10, "{what}");
+        // 300 ms later three units are back: the key owes seven.
+        let at = start + 300 * MS;
+        new.adopt(&old, &mut s, at);
+        let owed = 7.min(cap);
+        assert_eq!(
+            burst_at(&new, &s, at),
+            cap - owed,
+            "{what}: admitted at once after the reload"
+        );
+        // Spent to the last unit: the denial's retry_after is one new interval, and
+        // exact (denied a nanosecond earlier, admitted then).
+        let mut spent = s.clone();
+        assert_eq!(
+            admitted(&new, &mut spent, (owed..cap).map(|_| at)) as u64,
+            cap - owed
+        );
+        let d = new.decide(&mut spent, at, 1);
+        assert_eq!(d.outcome, Outcome::Denied, "{what}: {d:?}");
+        assert_eq!(
+            d.retry_after,
+            mul_div_ceil(1, period, rate),
+            "{what}: {d:?}"
+        );
+        let retry = at + d.retry_after;
+        assert!(
+            !new.decide(&mut spent.clone(), retry - 1, 1).allowed(),
+            "{what}"
+        );
+        let again = new.decide(&mut spent, retry, 1);
+        assert!(again.allowed(), "{what}: {again:?} at its retry_after");
+        // Full again one refill of the new limit after the reload.
+        let refill = mul_div_ceil(cap, period, rate);
+        assert_eq!(
+            burst_at(&new, &s, at + refill),
+            cap,
+            "{what}: after a refill"
+        );
     }
 }
 
@@ -489,18 +531,19 @@ fn a_reload_carries_a_bucket_keys_debt_over_in_the_new_limits_units() {
 /// limit's whole capacity at once, whatever the change and the shard's age.
 #[test]
 fn a_bucket_key_recovered_before_a_reload_gets_the_new_full_burst() {
-    for start in [1_000 * SECOND, 30 * DAY] {
-        for alg in BUCKETS {
-            let old = limit(alg, 10, SECOND, 10);
-            for (rate, period, cap) in BUCKET_CHANGES {
-                let new = limit(alg, rate, period, cap);
-                let what = format!("{alg:?} at {start}: 10/s, 10 -> {rate} per {period}, {cap}");
-                let mut s = old.new_state();
-                assert_eq!(admitted(&old, &mut s, [start - 10 * SECOND; 10]), 10);
-                new.adopt(&old, &mut s, start);
-                assert_eq!(burst_at(&new, &s, start), cap, "{what}");
-            }
-        }
+    for Reload {
+        start,
+        old,
+        new,
+        cap,
+        what,
+        ..
+    } in bucket_reloads()
+    {
+        let mut s = old.new_state();
+        assert_eq!(admitted(&old, &mut s, [start - 10 * SECOND; 10]), 10);
+        new.adopt(&old, &mut s, start);
+        assert_eq!(burst_at(&new, &s, start), cap, "{what}");
     }
 }
 
@@ -514,63 +557,60 @@ fn a_bucket_key_recovered_before_a_reload_gets_the_new_full_burst() {
 /// one gives it back whole, as without a reload.
 #[test]
 fn a_refund_after_reloads_never_leaves_a_key_better_off_than_without_the_admission() {
-    for start in [1_000 * SECOND, 30 * DAY] {
-        for alg in BUCKETS {
-            let old = limit(alg, 10, SECOND, 10);
-            let what = format!("{alg:?} at {start}");
-            // A faster rate in between: `x` admits 5 and refunds them after the round trip,
-            // `y` never admits them.
-            let faster = limit(alg, 40, SECOND, 10);
-            let (mut x, mut y) = (old.new_state(), old.new_state());
-            assert!(old.decide(&mut x, start, 5).allowed());
-            faster.adopt(&old, &mut x, start);
-            faster.adopt(&old, &mut y, start);
-            // 100 ms later `x` owes one unit, `y` nothing; both admit one.
-            let back = start + 100 * MS;
-            assert!(faster.decide(&mut x, back, 1).allowed());
-            assert!(faster.decide(&mut y, back, 1).allowed());
-            old.adopt(&faster, &mut x, back);
-            old.adopt(&faster, &mut y, back);
-            old.refund(&mut x, start, 5);
-            assert_eq!(burst_at(&old, &y, back), 9, "{what}");
-            assert!(
-                burst_at(&old, &x, back) <= 9,
-                "{what}: the refund gave back too much"
-            );
+    for (start, alg, old) in bucket_keys() {
+        let what = format!("{alg:?} at {start}");
+        // A faster rate in between: `x` admits 5 and refunds them after the round trip,
+        // `y` never admits them.
+        let faster = limit(alg, 40, SECOND, 10);
+        let (mut x, mut y) = (old.new_state(), old.new_state());
+        assert!(old.decide(&mut x, start, 5).allowed());
+        faster.adopt(&old, &mut x, start);
+        faster.adopt(&old, &mut y, start);
+        // 100 ms later `x` owes one unit, `y` nothing; both admit one.
+        let back = start + 100 * MS;
+        assert!(faster.decide(&mut x, back, 1).allowed());
+        assert!(faster.decide(&mut y, back, 1).allowed());
+        old.adopt(&faster, &mut x, back);
+        old.adopt(&faster, &mut y, back);
+        old.refund(&mut x, start, 5);
+        assert_eq!(burst_at(&old, &y, back), 9, "{what}");
+        assert!(
+            burst_at(&old, &x, back) <= 9,
+            "{what}: the refund gave back too much"
+        );
 
-            // A capacity that cut the debt in between: `x` owes 10 (5 of them refunded
-            // later), `y` 5; both owe 5 under the smaller capacity.
-            let smaller = limit(alg, 10, SECOND, 5);
-            let (mut x, mut y) = (old.new_state(), old.new_state());
-            assert!(old.decide(&mut x, start, 5).allowed());
-            assert!(old.decide(&mut x, start, 5).allowed());
-            assert!(old.decide(&mut y, start, 5).allowed());
-            for s in [&mut x, &mut y] {
-                smaller.adopt(&old, s, start);
-                old.adopt(&smaller, s, start);
-            }
-            old.refund(&mut x, start, 5);
-            assert_eq!(burst_at(&old, &y, start), 5, "{what}");
-            assert!(
-                burst_at(&old, &x, start) <= 5,
-                "{what}: the refund gave back too much"
-            );
-
-            // A rate raised for good: a refund right after an admission is exact.
-            let mut s = old.new_state();
-            assert_eq!(admitted(&old, &mut s, [start; 10]), 10);
-            let raised = limit(alg, 20, SECOND, 10);
-            raised.adopt(&old, &mut s, start);
-            let later = start + 100 * MS;
-            assert_eq!(burst_at(&raised, &s, later), 2, "{what}");
-            assert!(raised.decide(&mut s, later, 1).allowed());
-            raised.refund(&mut s, later, 1);
-            assert_eq!(
-                burst_at(&raised, &s, later),
-                2,
-                "{what}: not given back whole"
-            );
+        // A capacity that cut the debt in between: `x` owes 10 (5 of them refunded
+        // later), `y` 5; both owe 5 under the smaller capacity.
+        let smaller = limit(alg, 10, SECOND, 5);
+        let (mut x, mut y) = (old.new_state(), old.new_state());
+        assert!(old.decide(&mut x, start, 5).allowed());
+        assert!(old.decide(&mut x, start, 5).allowed());
+        assert!(old.decide(&mut y, start, 5).allowed());
+        for s in [&mut x, &mut y] {
+            smaller.adopt(&old, s, start);
+            old.adopt(&smaller, s, start);
         }
+        old.refund(&mut x, start, 5);
+        assert_eq!(burst_at(&old, &y, start), 5, "{what}");
+        assert!(
+            burst_at(&old, &x, start) <= 5,
+            "{what}: the refund gave back too much"
+        );
+
+        // A rate raised for good: a refund right after an admission is exact.
+        let mut s = old.new_state();
+        assert_eq!(admitted(&old, &mut s, [start; 10]), 10);
+        let raised = limit(alg, 20, SECOND, 10);
+        raised.adopt(&old, &mut s, start);
+        let later = start + 100 * MS;
+        assert_eq!(burst_at(&raised, &s, later), 2, "{what}");
+        assert!(raised.decide(&mut s, later, 1).allowed());
+        raised.refund(&mut s, later, 1);
+        assert_eq!(
+            burst_at(&raised, &s, later),
+            2,
+            "{what}: not given back whole"
+        );
     }
 }
 
