@@ -219,6 +219,84 @@ fn check_algorithm(
     Ok(())
 }
 
+/// The step loop of the refund properties: a key `x` makes the first admission of positive
+/// cost at step `pick` or later and refunds it `delay` steps later (at once for 0), while a
+/// key `y` is sent the same admissions but that one; every other admission of `x` must be
+/// one `y` admits too.
+///
+/// Across reloads (`reloads`: the steps after the refunded admission at which the key's limit
+/// flips between `limits[0]` and `limits[1]`, and one step before it maybe), both keys adopt
+/// each flip, a refund applies only under the limit of its admission (as in the shard), and
+/// at every step `x` has no more left than `y`. Without, `limits[0]` is the only one used.
+fn refund_against_a_key_without_the_admission(
+    limits: [&Limit; 2],
+    s: &[Step],
+    pick: usize,
+    delay: usize,
+    reloads: Option<(&[usize], Option<usize>)>,
+) -> Result<(), TestCaseError> {
+    let mut which = 0;
+    // `x` makes the admission and refunds it `delay` steps later; `y` never makes it.
+    let (mut x, mut y) = (limits[0].new_state(), limits[0].new_state());
+    let mut pending: Option<(Nanos, u64, usize, usize)> = None;
+    let mut picked: Option<usize> = None;
+    let mut now = 0;
+    for (i, step) in s.iter().enumerate() {
+        now += step.gap;
+        if let Some((flips, early)) = reloads {
+            let flip = match picked {
+                Some(at) => flips.contains(&(i - at)),
+                None => early == Some(i),
+            };
+            if flip {
+                let (from, to) = (limits[which], limits[1 - which]);
+                if from != to {
+                    to.adopt(from, &mut x, now);
+                    to.adopt(from, &mut y, now);
+                }
+                which = 1 - which;
+            }
+        }
+        let l = limits[which];
+        if let Some((at, cost, _, under)) = pending.filter(|p| p.2 == i) {
+            if limits[under] == l {
+                l.refund(&mut x, at, cost);
+            }
+            pending = None;
+        }
+        if reloads.is_some() {
+            // Owing at least what `y` owes, `x` never has more left.
+            let (rx, ry) = (
+                probe(l, &x, now, 0).remaining,
+                probe(l, &y, now, 0).remaining,
+            );
+            prop_assert!(
+                rx <= ry,
+                "step {i} (t {now}): {rx} left after the refund, {ry} without the admission"
+            );
+        }
+        if !l.decide(&mut x, now, step.cost).allowed() {
+            continue;
+        }
+        if picked.is_none() && i >= pick && step.cost > 0 {
+            picked = Some(i);
+            pending = Some((now, step.cost, i + delay, which));
+            if delay == 0 {
+                l.refund(&mut x, now, step.cost);
+                pending = None;
+            }
+            continue;
+        }
+        let d = l.decide(&mut y, now, step.cost);
+        prop_assert!(
+            d.allowed(),
+            "step {i} (t {now}, cost {}): admitted by the key that refunded, denied by one that never made the admission ({d:?})",
+            step.cost
+        );
+    }
+    Ok(())
+}
+
 proptest! {
     #![proptest_config(ProptestConfig::with_cases(256))]
 
@@ -328,36 +406,7 @@ proptest! {
         delay in prop_oneof![Just(0usize), 0..6usize, 0..60usize],
     ) {
         let l = Limit::new(alg, p.0, p.1, p.2).unwrap();
-        // `x` makes the admission and refunds it `delay` steps later; `y` never makes it.
-        let (mut x, mut y) = (l.new_state(), l.new_state());
-        let mut pending: Option<(Nanos, u64, usize)> = None;
-        let mut picked = false;
-        let mut now = 0;
-        for (i, step) in s.iter().enumerate() {
-            now += step.gap;
-            if let Some((at, cost, _)) = pending.filter(|p| p.2 == i) {
-                l.refund(&mut x, at, cost);
-                pending = None;
-            }
-            if !l.decide(&mut x, now, step.cost).allowed() {
-                continue;
-            }
-            if !picked && i >= pick && step.cost > 0 {
-                picked = true;
-                pending = Some((now, step.cost, i + delay));
-                if delay == 0 {
-                    l.refund(&mut x, now, step.cost);
-                    pending = None;
-                }
-                continue;
-            }
-            let d = l.decide(&mut y, now, step.cost);
-            prop_assert!(
-                d.allowed(),
-                "step {i} (t {now}, cost {}): admitted by the key that refunded, denied by one that never made the admission ({d:?})",
-                step.cost
-            );
-        }
+        refund_against_a_key_without_the_admission([&l, &l], &s, pick, delay, None)?;
     }
 
     /// A reload between any two bucket limits (token bucket, GCRA, leaky queue), at any
@@ -439,55 +488,13 @@ proptest! {
             Limit::new(alg, p.0, p.1, p.2).unwrap(),
             Limit::new(alg, q.0, q.1, q.2).unwrap(),
         ];
-        let mut which = 0;
-        // `x` makes the admission and refunds it `delay` steps later; `y` never makes it.
-        let (mut x, mut y) = (limits[0].new_state(), limits[0].new_state());
-        let mut pending: Option<(Nanos, u64, usize, usize)> = None;
-        let mut picked: Option<usize> = None;
-        let mut now = 0;
-        for (i, step) in s.iter().enumerate() {
-            now += step.gap;
-            let flip = match picked {
-                Some(at) => flips.contains(&(i - at)),
-                None => early == Some(i),
-            };
-            if flip {
-                let (from, to) = (&limits[which], &limits[1 - which]);
-                if from != to {
-                    to.adopt(from, &mut x, now);
-                    to.adopt(from, &mut y, now);
-                }
-                which = 1 - which;
-            }
-            let l = &limits[which];
-            if let Some((at, cost, _, under)) = pending.filter(|p| p.2 == i) {
-                if limits[under] == *l {
-                    l.refund(&mut x, at, cost);
-                }
-                pending = None;
-            }
-            // Owing at least what `y` owes, `x` never has more left.
-            let (rx, ry) = (probe(l, &x, now, 0).remaining, probe(l, &y, now, 0).remaining);
-            prop_assert!(rx <= ry, "step {i} (t {now}): {rx} left after the refund, {ry} without the admission");
-            if !l.decide(&mut x, now, step.cost).allowed() {
-                continue;
-            }
-            if picked.is_none() && i >= pick && step.cost > 0 {
-                picked = Some(i);
-                pending = Some((now, step.cost, i + delay, which));
-                if delay == 0 {
-                    l.refund(&mut x, now, step.cost);
-                    pending = None;
-                }
-                continue;
-            }
-            let d = l.decide(&mut y, now, step.cost);
-            prop_assert!(
-                d.allowed(),
-                "step {i} (t {now}, cost {}): admitted by the key that refunded, denied by one that never made the admission ({d:?})",
-                step.cost
-            );
-        }
+        refund_against_a_key_without_the_admission(
+            [&limits[0], &limits[1]],
+            &s,
+            pick,
+            delay,
+            Some((&flips, early)),
+        )?;
     }
 
     /// The precomputed-reciprocal division is exact for every dividend and divisor.
