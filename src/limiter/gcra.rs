@@ -144,20 +144,20 @@ pub fn adopt(s: &mut State, old: &Policy, p: &Policy, now: Nanos) {
         .tat
         .saturating_sub(now as u128 * old.rate() as u128)
         .min(old_tolerance);
-    let (backlog, cut) = super::rescale_debt(backlog, old.period(), p.period(), p.burst);
-    s.tat = if backlog == 0 {
-        0
-    } else {
-        (now as u128 * p.rate() as u128).saturating_add(backlog)
-    };
-    s.admitted = super::admitted_after_reload(
+    let (backlog, admitted) = super::carry_debt(
+        backlog,
         s.admitted,
         now,
         (old.rate(), old.period()),
         (p.rate(), p.period()),
         p.burst,
-        cut,
     );
+    s.tat = if backlog == 0 {
+        0
+    } else {
+        (now as u128 * p.rate() as u128).saturating_add(backlog)
+    };
+    s.admitted = admitted;
 }
 
 /// Gives back `cost` units admitted at `admitted_at`: moves the TAT back by `cost`

@@ -219,7 +219,7 @@ impl Divisor {
 /// scaled units (the old period), re-expressed where one unit is `to` (the new period),
 /// rounded up, and capped at `capacity` units. Also says whether the cap cut it. Exact in
 /// `u128` for any validated parameters (units below the capacity, times a period: 2^119).
-pub(crate) fn rescale_debt(debt: u128, from: Nanos, to: Nanos, capacity: u64) -> (u128, bool) {
+fn rescale_debt(debt: u128, from: Nanos, to: Nanos, capacity: u64) -> (u128, bool) {
     let (from, to, capacity) = (from.max(1) as u128, to as u128, capacity as u128);
     let (units, part) = (debt / from, debt % from);
     if units > capacity || (units == capacity && part > 0) {
@@ -237,7 +237,7 @@ pub(crate) fn rescale_debt(debt: u128, from: Nanos, to: Nanos, capacity: u64) ->
 /// admission). Otherwise it moves one full refill of the new limit past `now`: an admission
 /// made before the reload gets nothing back, one made within that refill less than its due
 /// (and if that is past the end of time, `Nanos::MAX`: nothing is ever given back).
-pub(crate) fn admitted_after_reload(
+fn admitted_after_reload(
     admitted: Nanos,
     now: Nanos,
     (old_rate, old_period): (u64, Nanos),
@@ -254,6 +254,24 @@ pub(crate) fn admitted_after_reload(
     // with two policy files during a rolling reload) would push it a refill further each
     // time, and its refunds would give nothing for ever longer.
     admitted.max(now.saturating_add(refill))
+}
+
+/// What a bucket (token bucket, GCRA, leaky queue) keeps through a reload at `now` from
+/// `old` to `new` (each `(rate, period)`) with the new `capacity`: its `debt`, in scaled
+/// units of the old period, rescaled to the new one ([`rescale_debt`]), and its last
+/// admission's time `admitted`, as far as refunds may still give back from it
+/// ([`admitted_after_reload`], which needs to know whether the capacity cut the debt).
+pub(crate) fn carry_debt(
+    debt: u128,
+    admitted: Nanos,
+    now: Nanos,
+    old: (u64, Nanos),
+    new: (u64, Nanos),
+    capacity: u64,
+) -> (u128, Nanos) {
+    let (debt, cut) = rescale_debt(debt, old.1, new.1, capacity);
+    let admitted = admitted_after_reload(admitted, now, old, new, capacity, cut);
+    (debt, admitted)
 }
 
 /// `limit` units per window of `period`: the parameters of the fixed window and the

@@ -109,17 +109,15 @@ pub fn decide(s: &mut State, p: &Policy, now: Nanos, cost: u64) -> Decision {
 /// (`limiter::admitted_after_reload`).
 pub fn adopt(s: &mut State, old: &Policy, p: &Policy, now: Nanos) {
     let deficit = refilled(s, old, now);
-    let (deficit, cut) = super::rescale_debt(deficit, old.period(), p.period(), p.capacity);
-    s.deficit = deficit;
-    s.last = s.last.max(now);
-    s.admitted = super::admitted_after_reload(
+    (s.deficit, s.admitted) = super::carry_debt(
+        deficit,
         s.admitted,
         now,
         (old.rate(), old.period()),
         (p.rate(), p.period()),
         p.capacity,
-        cut,
     );
+    s.last = s.last.max(now);
 }
 
 pub fn is_fresh(s: &State, p: &Policy, now: Nanos) -> bool {
