@@ -642,21 +642,33 @@ async fn a_store_that_acknowledges_before_the_sync_is_caught() {
     assert!(acknowledged_before_durable(&node).await);
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+/// With the WAL writer held (nothing can be written or synced), runs `op` (a log store call
+/// that writes a record) in a task and checks that it has not returned 100 ms later; then
+/// lets the writer go and returns what `op` returned. `what` names the call.
 #[allow(clippy::await_holding_lock)] // The guard stalls the writer thread, not this task.
+async fn waits_for_the_sync<T: Send + 'static>(
+    node: &NodeLog,
+    what: &str,
+    op: impl std::future::Future<Output = T> + Send + 'static,
+) -> T {
+    let held = node.wal().hold_writer();
+    let task = tokio::spawn(op);
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    assert!(
+        !task.is_finished(),
+        "{what} returned before its record was synced"
+    );
+    drop(held);
+    task.await.unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn save_vote_returns_only_after_the_sync() {
     let dir = tempfile::tempdir().unwrap();
     let node = open(dir.path(), options());
     let mut log = node.group(3);
-    let held = node.wal().hold_writer();
-    let save = tokio::spawn(async move { log.save_vote(&Vote::new(5, 2)).await });
-    tokio::time::sleep(Duration::from_millis(100)).await;
-    assert!(
-        !save.is_finished(),
-        "save_vote returned before its record was synced"
-    );
-    drop(held);
-    save.await.unwrap().unwrap();
+    let save = async move { log.save_vote(&Vote::new(5, 2)).await };
+    waits_for_the_sync(&node, "save_vote", save).await.unwrap();
     assert_eq!(node.stats(), (1, 1));
 }
 
@@ -665,23 +677,17 @@ async fn save_vote_returns_only_after_the_sync() {
 /// a truncation cannot wait for the next append's sync: a power cut could lose it after the
 /// snapshot was acknowledged, and a restart would find stale entries behind the snapshot.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[allow(clippy::await_holding_lock)] // The guard stalls the writer thread, not this task.
 async fn truncate_returns_only_after_the_sync() {
     let dir = tempfile::tempdir().unwrap();
     let node = open(dir.path(), options());
     let mut log = node.group(3);
     log.blocking_append(entries(1, 1..=10)).await.unwrap();
     assert_eq!(node.stats(), (1, 1));
-    let held = node.wal().hold_writer();
     let mut truncating = log.clone();
-    let truncate = tokio::spawn(async move { truncating.truncate(log_id(1, 1, 6)).await });
-    tokio::time::sleep(Duration::from_millis(100)).await;
-    assert!(
-        !truncate.is_finished(),
-        "truncate returned before its record was synced"
-    );
-    drop(held);
-    truncate.await.unwrap().unwrap();
+    let truncate = async move { truncating.truncate(log_id(1, 1, 6)).await };
+    waits_for_the_sync(&node, "truncate", truncate)
+        .await
+        .unwrap();
     assert_eq!(node.stats(), (2, 2));
     assert_eq!(
         indexes(&log.try_get_log_entries(..).await.unwrap()),
