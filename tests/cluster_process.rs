@@ -1728,6 +1728,30 @@ async fn without_a_quorum_checks_get_their_on_unavailable_answer_in_bounded_time
     eprintln!("slowest answer without a quorum: {slowest:?}");
 }
 
+/// Starts `quorate dev` on `data_dir`, logging errors only: its members' HTTP ports from
+/// `http_base` on, their RESP ports from `base + 3` and peer ports from `base + 5`, with
+/// its output and error streams as given.
+fn spawn_dev(
+    data_dir: &std::path::Path,
+    http_base: u16,
+    base: u16,
+    stdout: std::process::Stdio,
+    stderr: std::process::Stdio,
+) -> std::process::Child {
+    std::process::Command::new(env!("CARGO_BIN_EXE_quorate"))
+        .arg("dev")
+        .arg("--data-dir")
+        .arg(data_dir)
+        .args(["--http-base", &http_base.to_string()])
+        .args(["--resp-base", &(base + 3).to_string()])
+        .args(["--peer-base", &(base + 5).to_string()])
+        .args(["--log", "error"])
+        .stdout(stdout)
+        .stderr(stderr)
+        .spawn()
+        .unwrap()
+}
+
 #[test]
 fn quorate_dev_runs_three_members_that_status_shows_and_stops_them_all() {
     use std::io::{BufRead, BufReader};
@@ -1735,18 +1759,7 @@ fn quorate_dev_runs_three_members_that_status_shows_and_stops_them_all() {
     let dir = tempfile::tempdir().unwrap();
     // Ten ports below the ephemeral range, offset by our pid.
     let base = 24_000 + (std::process::id() % 700) as u16 * 10;
-    let mut dev = Command::new(env!("CARGO_BIN_EXE_quorate"))
-        .arg("dev")
-        .arg("--data-dir")
-        .arg(dir.path())
-        .args(["--http-base", &base.to_string()])
-        .args(["--resp-base", &(base + 3).to_string()])
-        .args(["--peer-base", &(base + 5).to_string()])
-        .args(["--log", "error"])
-        .stdout(Stdio::piped())
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap();
+    let mut dev = spawn_dev(dir.path(), base, base, Stdio::piped(), Stdio::null());
     let mut out = BufReader::new(dev.stdout.take().unwrap());
     let mut banner = String::new();
     for _ in 0..5 {
@@ -1824,7 +1837,7 @@ fn processes_naming(dir: &std::path::Path) -> Vec<i32> {
 /// the kernel tells them (their parent-death signal). A bad base port starts no member.
 #[test]
 fn quorate_dev_leaves_no_member_behind() {
-    use std::process::{Command, Stdio};
+    use std::process::Stdio;
     let dir = tempfile::tempdir().unwrap();
     // Whatever happens, no member of this test outlives it.
     struct Reap(std::path::PathBuf);
@@ -1838,18 +1851,13 @@ fn quorate_dev_leaves_no_member_behind() {
     let _reap = Reap(dir.path().to_path_buf());
     let base = 31_000 + (std::process::id() % 300) as u16 * 10;
     let dev = |sub: &str, http_base: u16| {
-        Command::new(env!("CARGO_BIN_EXE_quorate"))
-            .arg("dev")
-            .arg("--data-dir")
-            .arg(dir.path().join(sub))
-            .args(["--http-base", &http_base.to_string()])
-            .args(["--resp-base", &(base + 3).to_string()])
-            .args(["--peer-base", &(base + 5).to_string()])
-            .args(["--log", "error"])
-            .stdout(Stdio::null())
-            .stderr(Stdio::piped())
-            .spawn()
-            .unwrap()
+        spawn_dev(
+            &dir.path().join(sub),
+            http_base,
+            base,
+            Stdio::null(),
+            Stdio::piped(),
+        )
     };
     let members = |sub: &str| processes_naming(&dir.path().join(sub)).len();
     let wait_until = |what: &str, limit: Duration, cond: &dyn Fn() -> bool| {
