@@ -87,6 +87,61 @@ async fn a_check_of_several_limits_consumes_nothing_when_one_denies() {
     assert_eq!(remaining(&s, "ip", "10.0.0.1").await, 3, "and was refunded");
 }
 
+/// A check of several items one of which can never pass (its cost is above its limit's
+/// capacity: `never`, whatever its key's state) spends nothing on the others: they are only
+/// peeked at, so nothing is admitted and nothing needs refunding. Before, they were admitted
+/// and then refunded: the key table kept the keys, and a check decided between the
+/// admission and its refund (here, the next check of the same call, in the same batch on
+/// the ip's shard) saw the reservation and was denied. With a request id the same, a retry
+/// included. An impossible item of a shadow limit (which never denies) does not count.
+#[tokio::test]
+async fn a_check_with_an_item_that_can_never_pass_spends_nothing() {
+    let (s, _) = start(NodeConfig::default()).await;
+    // The account's capacity (burst) is 2: a cost of 3 can never pass.
+    let never = |ip: &str, request_id: Option<&str>| CheckRequest {
+        items: vec![item("ip", ip, 2), item("account", "erin", 3)],
+        request_id: request_id.map(Into::into),
+    };
+    let r = s.check(never("10.0.0.5", None)).await.unwrap();
+    assert!(!r.allowed);
+    assert_eq!(r.items[1].decision.outcome, Outcome::Never);
+    assert!(r.items[0].decision.allowed(), "{r:?}");
+    assert_eq!(r.items[0].decision.remaining, 3, "the ip's window as it is");
+    assert_eq!(
+        s.status().keys,
+        0,
+        "a key was stored: something was admitted"
+    );
+    // The next check in the same call gets the ip's whole window.
+    let answers = s
+        .check_many(vec![
+            never("10.0.0.5", None),
+            req(vec![item("ip", "10.0.0.5", 3)]),
+        ])
+        .await;
+    assert!(!answers[0].as_ref().unwrap().allowed);
+    assert!(
+        answers[1].as_ref().unwrap().allowed,
+        "denied by the reservation of a check that could never pass"
+    );
+    assert_eq!(remaining(&s, "ip", "10.0.0.5").await, 0);
+    // With a request id, and its retry.
+    for _ in 0..2 {
+        let r = s.check(never("10.0.0.6", Some("n1"))).await.unwrap();
+        assert!(!r.allowed);
+        assert_eq!(r.items[1].decision.outcome, Outcome::Never);
+        assert_eq!(remaining(&s, "ip", "10.0.0.6").await, 3);
+    }
+    // A shadow item that can never pass does not make the check one: the ip is spent.
+    let r = s
+        .check(req(vec![item("ip", "10.0.0.7", 1), item("trial", "t", 2)]))
+        .await
+        .unwrap();
+    assert!(r.allowed && r.items[1].shadow, "{r:?}");
+    assert_eq!(r.items[1].decision.outcome, Outcome::Never);
+    assert_eq!(remaining(&s, "ip", "10.0.0.7").await, 2);
+}
+
 /// A retry of a check whose first attempt admitted one item and never had the other decided
 /// (its shard failed; here, the first attempt did not name it) gets the admission replayed
 /// from the request id; when the retry is denied, that replayed admission is refunded — once,

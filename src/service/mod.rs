@@ -257,7 +257,9 @@ impl Service {
     /// All-or-nothing across shards: every item is decided on its shard; if any item of a
     /// request is denied, the items it admitted are refunded (through the same shards)
     /// before the answer is sent. This never over-admits; a concurrent request may briefly
-    /// see the reservation and be denied (docs/semantics.md).
+    /// see the reservation and be denied (docs/semantics.md). A request that can never pass
+    /// (an item's cost is above its limit's capacity) admits nothing: its other items are
+    /// only peeked at.
     pub async fn check_many(
         &self,
         reqs: Vec<CheckRequest>,
@@ -410,6 +412,7 @@ impl Service {
             match check {
                 Ok(mut items) => {
                     let single = items.len() == 1;
+                    let never = resolve::never_passes(&items);
                     for (i, item) in items.iter_mut().enumerate() {
                         let shard = self.sharding().shard(item.route, self.inner.shards.count());
                         let slot = per_shard
@@ -417,7 +420,20 @@ impl Service {
                             .or_insert_with(|| (Vec::new(), Vec::new(), true));
                         slot.2 &= item.fast;
                         slot.0.push((r, i));
-                        slot.1.push(item.command(request_id.as_deref(), i, single));
+                        let mut id = request_id.as_deref();
+                        if never && item.cost <= item.limit.capacity() {
+                            // A check that can never pass spends nothing: its items that could
+                            // pass are peeked at (cost 0 admits nothing and changes no future
+                            // decision), so nothing needs refunding, and no concurrent check
+                            // sees a reservation. Not under the request id: a shard remembers
+                            // a peek under it like an admission, and a retry that could pass
+                            // (a reload raised the capacity, and the first attempt's `never`
+                            // was lost with its shard) would get it replayed as an admission
+                            // that spent nothing.
+                            item.cost = 0;
+                            id = None;
+                        }
+                        slot.1.push(item.command(id, i, single));
                     }
                     answers.push(None);
                     resolved.push(items);

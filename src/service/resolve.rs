@@ -31,6 +31,8 @@ pub struct Resolved {
     pub key_type: Cow<'static, str>,
     pub limit: Limit,
     pub period_ns: Nanos,
+    /// The item's cost; 0 when its check can never pass ([`never_passes`]) and it is only
+    /// peeked at.
     pub cost: u64,
     pub shadow: bool,
     pub on_full: OnUnavailable,
@@ -56,6 +58,12 @@ impl Resolved {
         }
     }
 
+    /// True when this item denies its check whatever its key's state: it is not a shadow
+    /// limit's (which never denies), and its cost is above its limit's capacity (`never`).
+    pub fn can_never_pass(&self) -> bool {
+        !self.shadow && self.cost > self.limit.capacity()
+    }
+
     /// The refund of this item's admission at `admitted_at` in an entry of `epoch`, item
     /// `index` of a check with `request_id` (the shard gives an admission remembered under
     /// the id back once).
@@ -75,6 +83,13 @@ impl Resolved {
             epoch,
         }
     }
+}
+
+/// Whether a check of several items can never pass: one of its items can never pass
+/// ([`Resolved::can_never_pass`]). [`crate::service::Service`] decides such a check without
+/// spending.
+pub fn never_passes(items: &[Resolved]) -> bool {
+    items.len() > 1 && items.iter().any(Resolved::can_never_pass)
 }
 
 /// The id item `index` of a check with request id `id` is remembered under on its shard.
