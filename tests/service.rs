@@ -92,8 +92,10 @@ async fn a_check_of_several_limits_consumes_nothing_when_one_denies() {
 /// peeked at, so nothing is admitted and nothing needs refunding. Before, they were admitted
 /// and then refunded: the key table kept the keys, and a check decided between the
 /// admission and its refund (here, the next check of the same call, in the same batch on
-/// the ip's shard) saw the reservation and was denied. With a request id the same, a retry
-/// included. An impossible item of a shadow limit (which never denies) does not count.
+/// the ip's shard) saw the reservation and was denied. With a request id the items are
+/// admitted and refunded as any denied check's (a retry's may be replays, which only a refund
+/// under the id gives back): the key has its whole window again. An impossible item of a
+/// shadow limit (which never denies) does not count.
 #[tokio::test]
 async fn a_check_with_an_item_that_can_never_pass_spends_nothing() {
     let (s, _) = start(NodeConfig::default()).await;
@@ -132,6 +134,23 @@ async fn a_check_with_an_item_that_can_never_pass_spends_nothing() {
         assert_eq!(r.items[1].decision.outcome, Outcome::Never);
         assert_eq!(remaining(&s, "ip", "10.0.0.6").await, 3);
     }
+    // A retry under an id whose earlier attempt admitted the item that now can never pass
+    // (here the first attempt asked less of it; a reload lowering the capacity does the same)
+    // gets that admission replayed: the check passes, and its other items must be charged.
+    let with_id = |items| CheckRequest {
+        items,
+        request_id: Some("n2".into()),
+    };
+    let first = s.check(with_id(vec![item("account", "frank", 1)])).await;
+    assert!(first.unwrap().allowed);
+    let retry = with_id(vec![item("account", "frank", 3), item("ip", "10.0.0.8", 1)]);
+    let r = s.check(retry).await.unwrap();
+    assert!(r.allowed, "{r:?}");
+    assert_eq!(
+        remaining(&s, "ip", "10.0.0.8").await,
+        2,
+        "admitted without charging the ip (it was only peeked at)"
+    );
     // A shadow item that can never pass does not make the check one: the ip is spent.
     let r = s
         .check(req(vec![item("ip", "10.0.0.7", 1), item("trial", "t", 2)]))

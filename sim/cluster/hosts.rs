@@ -34,6 +34,15 @@ pub const PEER_PORT: u16 = 7000;
 pub const RESP_PORT: u16 = 6379;
 pub const HTTP_PORT: u16 = 8080;
 
+fn instance_early_purges(service: &Service) -> u64 {
+    service.cluster().map_or(0, |c| {
+        c.status_with(false)
+            .iter()
+            .map(|g| g.early_purges)
+            .sum::<u64>()
+    })
+}
+
 /// Everything about one node that outlives its host's software (a crash).
 pub struct NodeHandle {
     pub id: NodeId,
@@ -46,6 +55,9 @@ pub struct NodeHandle {
     pub starts: AtomicU64,
     /// True while the nemesis keeps it crashed.
     pub down: std::sync::atomic::AtomicBool,
+    /// Early log purges (`GroupStatus::early_purges`) of the node's crashed instances: a
+    /// restart's count starts again at 0.
+    early_purges_before: AtomicU64,
     config: NodeConfig,
     policies: PolicySet,
     seed: u64,
@@ -81,7 +93,18 @@ impl NodeHandle {
             .lock()
             .unwrap_or_else(|p| p.into_inner())
             .take();
+        if let Some(old) = &old {
+            let n = instance_early_purges(old);
+            self.early_purges_before.fetch_add(n, Ordering::SeqCst);
+        }
         drop(old);
+    }
+
+    /// Log purges that reached this node's store before the snapshot covering them was on
+    /// disk, over all its instances so far (see `GroupStatus::early_purges`).
+    pub fn early_purges(&self) -> u64 {
+        let before = self.early_purges_before.load(Ordering::SeqCst);
+        before + self.service().map_or(0, |s| instance_early_purges(&s))
     }
 
     fn note(&self, what: impl std::fmt::Display) {
@@ -279,6 +302,7 @@ pub fn handles(
                 service: Mutex::new(None),
                 starts: AtomicU64::new(0),
                 down: Default::default(),
+                early_purges_before: AtomicU64::new(0),
                 config,
                 policies: policies.clone(),
                 seed: opts.seed,

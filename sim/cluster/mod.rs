@@ -759,15 +759,16 @@ fn run_checked(opts: &Options) -> Report {
                 + refused.with_label_values(&["forward"]).get()
         })
         .sum();
-    let statuses: Vec<_> = nodes
+    let snapshots_installed = nodes
         .iter()
         .filter_map(|n| n.service()?.cluster().cloned())
         .flat_map(|c| c.status_with(false))
-        .collect();
-    let snapshots_installed = statuses.iter().map(|g| g.snapshots_installed).sum();
+        .map(|g| g.snapshots_installed)
+        .sum();
     // A purge that reached a store before the snapshot covering it was durable: a crash
-    // between would have left that replica unable to restart (the store counts it and waits).
-    let early_purges: u64 = statuses.iter().map(|g| g.early_purges).sum();
+    // between would have left that replica unable to restart (the store counts it and
+    // waits). Counted over every instance of each node, crashed ones included.
+    let early_purges: u64 = nodes.iter().map(|n| n.early_purges()).sum();
     if early_purges > 0 {
         violations.push(format!(
             "{early_purges} log purges came before the snapshot covering them was on disk"

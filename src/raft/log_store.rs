@@ -49,8 +49,9 @@
 //!   snapshot this node built the file is durable before openraft hears of it. The store
 //!   does not trust this: a purge past the group's durable snapshot
 //!   ([`NodeLog::group_after_snapshots`]) is counted (`MachineInfo::early_purges`, a
-//!   violation in the simulation) and waits until the snapshot covers it. (Skipping it
-//!   is not safe: appends past the snapshot would then leave a gap in the log.)
+//!   violation in the simulation) and waits until the snapshot covers it, or fails after a
+//!   minute, which stops the group's Raft core on this node with nothing purged. (Skipping
+//!   it is not safe: appends past the snapshot would then leave a gap in the log.)
 //! - `save_committed` does not even queue a submission: the id is left with the WAL
 //!   ([`crate::wal::Wal::defer_latest`], the latest per group) and written after the
 //!   writer's next batch of any group, or at close. openraft saves it after every commit on
@@ -449,6 +450,10 @@ fn truncating(since: u64) -> impl FnOnce(&mut GroupState) {
     move |s| s.truncate(since)
 }
 
+/// How long a purge that came before the snapshot covering it was durable waits for it
+/// before it fails (`GroupLog::purge`; never in practice: see the module docs).
+const EARLY_PURGE_WAIT: std::time::Duration = std::time::Duration::from_secs(60);
+
 /// `range` as `start..end` (end `None` for unbounded); `None` if it is empty.
 fn index_range(range: &impl RangeBounds<u64>) -> Option<(u64, Option<u64>)> {
     let start = match range.start_bound() {
@@ -599,8 +604,20 @@ impl RaftLogStorage<TypeConfig> for GroupLog {
                     durable,
                     "a log purge came before the snapshot covering it was on disk; it waits"
                 );
+                // Bounded: should the snapshot never come (its install failed), the error
+                // stops the group's Raft core with nothing purged, instead of holding it.
+                let mut waited = std::time::Duration::ZERO;
+                let step = std::time::Duration::from_millis(5);
                 while info.snapshot_durable.load(Ordering::Acquire) < log_id.index {
-                    tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+                    if waited >= EARLY_PURGE_WAIT {
+                        return Err(fail(io::Error::other(format!(
+                            "purge up to {} before a snapshot covering it was on disk \
+                             (durable up to {durable} after {EARLY_PURGE_WAIT:?})",
+                            log_id.index
+                        ))));
+                    }
+                    tokio::time::sleep(step).await;
+                    waited += step;
                 }
             }
         }

@@ -412,7 +412,9 @@ impl Service {
             match check {
                 Ok(mut items) => {
                     let single = items.len() == 1;
-                    let never = resolve::never_passes(&items);
+                    // Not with a request id: a retry may replay admissions of an earlier
+                    // attempt (kept for it), which only a refund under the id gives back.
+                    let never = request_id.is_none() && resolve::never_passes(&items);
                     for (i, item) in items.iter_mut().enumerate() {
                         let shard = self.sharding().shard(item.route, self.inner.shards.count());
                         let slot = per_shard
@@ -420,20 +422,14 @@ impl Service {
                             .or_insert_with(|| (Vec::new(), Vec::new(), true));
                         slot.2 &= item.fast;
                         slot.0.push((r, i));
-                        let mut id = request_id.as_deref();
                         if never && item.cost <= item.limit.capacity() {
                             // A check that can never pass spends nothing: its items that could
                             // pass are peeked at (cost 0 admits nothing and changes no future
                             // decision), so nothing needs refunding, and no concurrent check
-                            // sees a reservation. Not under the request id: a shard remembers
-                            // a peek under it like an admission, and a retry that could pass
-                            // (a reload raised the capacity, and the first attempt's `never`
-                            // was lost with its shard) would get it replayed as an admission
-                            // that spent nothing.
+                            // sees a reservation.
                             item.cost = 0;
-                            id = None;
                         }
-                        slot.1.push(item.command(id, i, single));
+                        slot.1.push(item.command(request_id.as_deref(), i, single));
                     }
                     answers.push(None);
                     resolved.push(items);
