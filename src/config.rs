@@ -314,7 +314,8 @@ pub struct NodeOptions {
     #[arg(long, env = "QUORATE_UNSAFE_NO_FSYNC", hide = true)]
     pub unsafe_no_fsync: Option<bool>,
     /// TEST ONLY: while this file exists the write-ahead log writes and syncs nothing (a
-    /// stalled disk), so a test can see what a node answers before its appends are durable.
+    /// stalled disk), so a test can see what a node answers before its appends are durable;
+    /// a file that reads `fail` fails the writes instead (a failed disk).
     /// A flag only: no environment variable, and a config file that names it is refused.
     #[arg(long, value_name = "FILE", hide = true)]
     #[serde(skip)]

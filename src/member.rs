@@ -322,6 +322,16 @@ pub async fn start<P: Listener, C: Connector>(
     // A member back under its id on another data directory has forgotten its votes: its
     // peers refuse it (`peer::identity`).
     peer_config.identities = Some(Arc::new(identities));
+    // A handler may take as long as the longest peer request: a membership step sent to a
+    // shard's leader (`Cluster::change_members` asks with `write_timeout * 10`; adding a node
+    // waits up to `write_timeout * 5` for it to catch up). Under the default 5 s the server
+    // cut such a step off first, and the member resent it over and over.
+    peer_config.handler_timeout = peer_config.handler_timeout.max(
+        settings
+            .write_timeout
+            .saturating_mul(10)
+            .saturating_add(Duration::from_secs(1)),
+    );
     let nonces = Nonces::from_seed(seed);
     let peers =
         Peers::new(peer_config.clone(), connector, addrs, nonces.clone()).map_err(invalid)?;

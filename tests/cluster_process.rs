@@ -622,6 +622,57 @@ async fn a_strict_leader_whose_disk_stalls_acknowledges_nothing_until_it_syncs()
     );
 }
 
+/// A member whose disk fails (`--test-hold-wal-while` with a file that reads `fail`: the WAL
+/// poisons itself, and openraft stops each group's core at its next write) says so: its
+/// `/healthz` answers 503 naming the stopped shard, and it is not ready. Before, the stopped
+/// core's metrics still named this node the leader: it stayed ready and healthy, and went on
+/// choosing itself for the shard it led, answering every check there by `on_unavailable`.
+/// The other two elect a leader of their own and serve the shard.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_member_whose_disk_fails_says_so_and_the_others_serve_its_shard() {
+    let mut extra = SLOW_ELECTIONS.to_vec();
+    extra.extend(["--test-hold-wal-while", "{dir}.hold"]);
+    let cluster = blocking(move || Cluster::start(3, &policies(), &extra));
+    let (limit, key) = ("count", "disk");
+    let (leader, at_leader) = settled_leader(&cluster, limit, key).await;
+    let http = cluster.members[leader].http;
+    assert!(blocking(|| cluster_support::http(http, "GET", "/healthz", "")).contains(" 200 "));
+    let hold = cluster.members[leader].dir.with_extension("hold");
+    std::fs::write(&hold, b"fail").unwrap();
+    // Its next append fails: the shard's core on this member stops.
+    let (answered, admitted) = five_checks(&at_leader, limit, key).await;
+    eprintln!("leader {leader}, disk failed: {answered} answered, {admitted} admitted");
+    let started = Instant::now();
+    let health = loop {
+        let h = blocking(|| cluster_support::http(http, "GET", "/healthz", ""));
+        if h.contains(" 503 ") || started.elapsed() > Duration::from_secs(20) {
+            break h;
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    };
+    assert!(
+        health.contains(" 503 ") && health.contains(&format!("shard {}:", shard(limit, key))),
+        "a member whose shard's Raft group stopped says it is healthy: {health}"
+    );
+    let ready = blocking(|| cluster_support::http(http, "GET", "/readyz", ""));
+    assert!(ready.contains(" 503 "), "and ready: {ready}");
+    // The others serve the shard: a strict admission through another member.
+    let other = client(cluster.members[(leader + 1) % 3].resp);
+    let started = Instant::now();
+    let mut served = false;
+    while !served && started.elapsed() < Duration::from_secs(30) {
+        served = other
+            .check(&[(limit, key, 1)], None)
+            .await
+            .is_ok_and(|a| a.allowed);
+        if !served {
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+    }
+    std::fs::remove_file(&hold).unwrap();
+    assert!(served, "no strict admission through another member in 30 s");
+}
+
 /// Five strict checks of 1 at once; how many were answered, and how many admitted.
 async fn five_checks(c: &Client, limit: &'static str, key: &'static str) -> (u64, u64) {
     let calls: Vec<_> = (0..5)

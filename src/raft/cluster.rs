@@ -977,8 +977,29 @@ impl Cluster {
         &self.groups[shard as usize % self.groups.len()]
     }
 
+    /// The group's leader as this node knows it; `None` once the group's Raft core has
+    /// stopped (its metrics keep the last leader, this node itself if it led: it would go on
+    /// choosing itself and answering every check by `on_unavailable`).
     fn leader(&self, group: &Group) -> Option<NodeId> {
-        group.raft.metrics().borrow().current_leader
+        let m = group.raft.metrics();
+        let m = m.borrow();
+        match m.running_state {
+            Ok(()) => m.current_leader,
+            Err(_) => None,
+        }
+    }
+
+    /// The shards whose Raft core on this node stopped on an error (a failed disk: the WAL
+    /// poisons itself and every group's next write fails), with the error. This node serves
+    /// them no more until it is restarted: `/healthz` says so.
+    pub fn failed_groups(&self) -> Vec<(GroupId, String)> {
+        self.groups
+            .iter()
+            .filter_map(|g| match &g.raft.metrics().borrow().running_state {
+                Ok(()) | Err(openraft::error::Fatal::Stopped) => None,
+                Err(e) => Some((g.id, e.to_string())),
+            })
+            .collect()
     }
 
     /// Decides `commands` on shard `shard` through its leader; see the module doc.
@@ -1704,7 +1725,7 @@ async fn propose_loop(cluster: Arc<Cluster>, group: Arc<Group>) {
             if spec.is_none()
                 && any_fast
                 && idle
-                && group.raft.ensure_linearizable().await.is_ok()
+                && linearizable(&group, cluster.config.unavailable_after).await
                 && log_applied(&group, cluster.config.unavailable_after).await
             {
                 spec = Some(Speculative {
@@ -1931,6 +1952,16 @@ async fn run_handover(
         .await
         .map(|_| ())
         .map_err(|e| format!("node {to} called an election, but: {e}"))
+}
+
+/// Whether `group`'s leadership is confirmed by a quorum and this node has applied its
+/// term's first entry (openraft's `ensure_linearizable`), within `limit`: openraft waits for
+/// the apply without end, and a leader cut off before that entry committed, whose successor
+/// never wrote as far, would wait for ever (and its proposer with it, should it lead again).
+async fn linearizable(group: &Group, limit: Duration) -> bool {
+    tokio::time::timeout(limit, group.raft.ensure_linearizable())
+        .await
+        .is_ok_and(|r| r.is_ok())
 }
 
 /// Whether this node has applied every entry in its log. A leader's own entries in flight are

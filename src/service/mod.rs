@@ -800,6 +800,15 @@ impl Service {
         }
     }
 
+    /// The shards this node can serve no more until it is restarted (a cluster member's
+    /// Raft group stopped on an error, such as a failed disk), with the error.
+    pub fn failed_shards(&self) -> Vec<(u64, String)> {
+        match &self.inner.shards {
+            Backend::Local(_) => Vec::new(),
+            Backend::Cluster(c) => c.failed_groups(),
+        }
+    }
+
     /// Test hook: makes a shard's actor panic (it is restarted on its state).
     #[doc(hidden)]
     pub fn crash_shard(&self, shard: u32) {

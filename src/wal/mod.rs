@@ -130,7 +130,8 @@ pub struct WalOptions {
     pub direct_io: bool,
     /// Tests of real processes only: before each batch, while this file exists, the writer
     /// waits and writes and syncs nothing (a disk whose syncs stall), so a test can check
-    /// what a node does while its appends are not durable (`--test-hold-wal-while`).
+    /// what a node does while its appends are not durable (`--test-hold-wal-while`). A file
+    /// that reads `fail` fails the batch instead (a failed disk: the log poisons itself).
     pub hold_while: Option<std::path::PathBuf>,
 }
 

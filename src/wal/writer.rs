@@ -151,7 +151,8 @@ pub struct Settings {
     pub preallocate: u64,
     /// Append with `O_DIRECT` where it can (see [`Direct`]).
     pub direct_io: bool,
-    /// While this file exists, no batch is written (see `WalOptions::hold_while`).
+    /// While this file exists, no batch is written; one that reads `fail` fails the batch
+    /// (see `WalOptions::hold_while`).
     pub hold_while: Option<PathBuf>,
 }
 
@@ -415,6 +416,11 @@ impl Writer {
         }
         if let Some(file) = &self.settings.hold_while {
             while file.exists() {
+                if std::fs::read(file).is_ok_and(|c| c.starts_with(b"fail")) {
+                    return Err(io::Error::other(
+                        "test: the disk failed (hold file says fail)",
+                    ));
+                }
                 std::thread::sleep(std::time::Duration::from_millis(1));
             }
         }

@@ -125,8 +125,22 @@ async fn metrics(State(st): State<AppState>) -> Response {
         .into_response()
 }
 
-async fn healthz() -> &'static str {
-    "ok\n"
+/// `200 ok` while the process can serve; `503` once a shard's Raft group on this member
+/// stopped on an error (a failed disk): only a restart brings it back.
+async fn healthz(State(st): State<AppState>) -> Response {
+    let failed = st.service.failed_shards();
+    if failed.is_empty() {
+        return (StatusCode::OK, "ok\n").into_response();
+    }
+    let mut body = format!(
+        "failed: the Raft group of {} shard(s) stopped on this member; restart it \
+         (docs/operations.md)\n",
+        failed.len()
+    );
+    for (shard, error) in failed.iter().take(8) {
+        body.push_str(&format!("shard {shard}: {error}\n"));
+    }
+    (StatusCode::SERVICE_UNAVAILABLE, body).into_response()
 }
 
 async fn readyz(State(st): State<AppState>) -> Response {
