@@ -565,7 +565,7 @@ impl Cluster {
                 }
                 let m = g.raft.metrics();
                 let m = m.borrow();
-                (m.current_leader, m.current_term)
+                (known_leader(&m), m.current_term)
             })
             .collect()
     }
@@ -977,16 +977,9 @@ impl Cluster {
         &self.groups[shard as usize % self.groups.len()]
     }
 
-    /// The group's leader as this node knows it; `None` once the group's Raft core has
-    /// stopped (its metrics keep the last leader, this node itself if it led: it would go on
-    /// choosing itself and answering every check by `on_unavailable`).
+    /// The group's leader as this node knows it ([`known_leader`]).
     fn leader(&self, group: &Group) -> Option<NodeId> {
-        let m = group.raft.metrics();
-        let m = m.borrow();
-        match m.running_state {
-            Ok(()) => m.current_leader,
-            Err(_) => None,
-        }
+        known_leader(&group.raft.metrics().borrow())
     }
 
     /// The shards whose Raft core on this node stopped on an error (a failed disk: the WAL
@@ -1080,10 +1073,11 @@ impl Cluster {
     async fn wait_for_leader(&self, group: &Group) -> Option<NodeId> {
         let mut rx = group.raft.metrics();
         let wait = async move {
-            rx.wait_for(|m| m.current_leader.is_some())
+            // A stopped core names no leader ever again: at once, then.
+            rx.wait_for(|m| m.current_leader.is_some() || m.running_state.is_err())
                 .await
                 .ok()
-                .and_then(|m| m.current_leader)
+                .and_then(|m| known_leader(&m))
         };
         tokio::time::timeout(self.config.unavailable_after, wait)
             .await
@@ -1390,7 +1384,7 @@ impl Cluster {
                 GroupStatus {
                     shard: g.id,
                     state: format!("{:?}", m.state),
-                    leader: m.current_leader,
+                    leader: known_leader(&m),
                     voters: m.membership_config.membership().voter_ids().collect(),
                     learners: m.membership_config.membership().learner_ids().collect(),
                     removed,
@@ -1954,6 +1948,17 @@ async fn run_handover(
         .map_err(|e| format!("node {to} called an election, but: {e}"))
 }
 
+/// The leader `m` names, or `None` once the group's Raft core has stopped (on an error,
+/// such as a failed disk write): its metrics keep the last leader, this node itself if it
+/// led, and the node would go on choosing itself (and advertising itself to routing
+/// clients) while it can decide nothing.
+fn known_leader(m: &openraft::RaftMetrics<NodeId, BasicNode>) -> Option<NodeId> {
+    match m.running_state {
+        Ok(()) => m.current_leader,
+        Err(_) => None,
+    }
+}
+
 /// Whether `group`'s leadership is confirmed by a quorum and this node has applied its
 /// term's first entry (openraft's `ensure_linearizable`), within `limit`: openraft waits for
 /// the apply without end, and a leader cut off before that entry committed, whose successor
@@ -2158,7 +2163,7 @@ async fn rebalance_loop(cluster: std::sync::Weak<Cluster>) {
                 let holds = to
                     .and_then(|p| m.replication.as_ref()?.get(&p).copied().flatten())
                     .is_some_and(|l| l.index + 8 >= last);
-                (m.current_leader, m.current_term, holds)
+                (known_leader(&m), m.current_term, holds)
             };
             let since = match seen.get(&g.id) {
                 Some(&(l, t, since)) if l == leader && t == term => since,

@@ -606,18 +606,21 @@ impl RaftLogStorage<TypeConfig> for GroupLog {
                 );
                 // Bounded: should the snapshot never come (its install failed), the error
                 // stops the group's Raft core with nothing purged, instead of holding it.
-                let mut waited = std::time::Duration::ZERO;
-                let step = std::time::Duration::from_millis(5);
-                while info.snapshot_durable.load(Ordering::Acquire) < log_id.index {
-                    if waited >= EARLY_PURGE_WAIT {
-                        return Err(fail(io::Error::other(format!(
-                            "purge up to {} before a snapshot covering it was on disk \
-                             (durable up to {durable} after {EARLY_PURGE_WAIT:?})",
-                            log_id.index
-                        ))));
+                let covered = async {
+                    while info.snapshot_durable.load(Ordering::Acquire) < log_id.index {
+                        tokio::time::sleep(std::time::Duration::from_millis(5)).await;
                     }
-                    tokio::time::sleep(step).await;
-                    waited += step;
+                };
+                if tokio::time::timeout(EARLY_PURGE_WAIT, covered)
+                    .await
+                    .is_err()
+                {
+                    let durable = info.snapshot_durable.load(Ordering::Acquire);
+                    return Err(fail(io::Error::other(format!(
+                        "purge up to {} before a snapshot covering it was on disk \
+                         (durable up to {durable} after {EARLY_PURGE_WAIT:?})",
+                        log_id.index
+                    ))));
                 }
             }
         }

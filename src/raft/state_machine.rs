@@ -108,7 +108,7 @@ impl ShardMachine {
                 writing: Mutex::new(()),
                 info: info.clone(),
             }),
-            info: info.clone(),
+            info,
             built: Arc::new(AtomicU64::new(0)),
             node: 0,
             hooks: Hooks::default(),
