@@ -42,6 +42,10 @@ pub struct Metrics {
     /// sent to another node's leader, each attempt; a client that sends each key to its
     /// shard's leader keeps it low.
     pub forwarded: IntCounter,
+    /// Commands a shard's leader dropped undecided: their caller's deadline
+    /// (`--unavailable-after`, carried by a forward) passed while they waited for its
+    /// proposer, and the caller had its `on_unavailable` answer.
+    pub checks_expired: IntCounter,
     /// Handovers of a shard's leadership from this member to another (a rebalance, before
     /// its own removal, on SIGTERM), by result (`done`, `failed`).
     pub handovers: IntCounterVec,
@@ -161,6 +165,10 @@ impl Metrics {
             forwarded: counter(
                 "quorate_forwarded_checks_total",
                 "Commands (checks, refunds, evictions) sent to another node's leader, each attempt",
+            ),
+            checks_expired: counter(
+                "quorate_checks_expired_total",
+                "Commands a shard's leader dropped undecided: their caller's deadline passed while they waited for its proposer",
             ),
             handovers: counter_vec(
                 "quorate_leader_handovers_total",

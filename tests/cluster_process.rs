@@ -665,6 +665,62 @@ async fn a_member_whose_disk_fails_says_so_and_the_others_serve_its_shard() {
     assert!(served, "no strict admission through another member in 30 s");
 }
 
+/// A check is not decided after its caller had its `on_unavailable` answer. With the
+/// leader's disk stalled and one follower stopped, nothing commits: checks queue at the
+/// leader's proposer, and their callers are told "denied" (`on_unavailable = deny`) after
+/// `--unavailable-after` (500 ms). Once the disk syncs again, the proposer drops what
+/// waited past its deadline (a forward carries its sender's): the limit is not spent by
+/// checks whose callers were told it was not. Before, each queued check was decided when the
+/// proposer came to it (after the sender had given up), and admitted.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_check_whose_caller_was_answered_is_not_decided_later() {
+    let (limit, key) = ("count", "late");
+    let (cluster, leader, at_leader, hold) = start_with_wal_hold(limit, key).await;
+    let stopped = (leader + 1) % 3;
+    let other = cluster.members[(leader + 2) % 3].resp;
+    let before = remaining(&at_leader, limit, key).await;
+    blocking(|| cluster.signal(stopped, SIGSTOP));
+    std::fs::write(&hold, b"").unwrap();
+    // Five at the leader: the first entry (pipeline 1) takes some, in time; it cannot
+    // commit. Then twenty at once through the other follower (a client each: a connection
+    // answers in order), forwarded to the leader: they queue.
+    let (mut answered, mut admitted) = five_checks(&at_leader, limit, key).await;
+    let forwarded =
+        (0..20).map(|_| async move { client(other).check(&[(limit, key, 1)], None).await });
+    for a in futures::future::join_all(forwarded)
+        .await
+        .into_iter()
+        .flatten()
+    {
+        answered += 1;
+        admitted += a.allowed as u64;
+    }
+    eprintln!("leader {leader}, disk stalled: {answered} answered, {admitted} admitted");
+    assert_eq!((answered, admitted), (25, 0));
+    std::fs::remove_file(&hold).unwrap();
+    blocking(|| cluster.signal(stopped, SIGCONT));
+    // Commits flow again: a check through the leader is admitted (a few tries: the held
+    // entry commits first).
+    let started = Instant::now();
+    let mut fresh = 0;
+    while fresh == 0 {
+        assert!(
+            started.elapsed() < Duration::from_secs(20),
+            "nothing admitted in 20 s after the disk came back"
+        );
+        fresh = five_checks(&at_leader, limit, key).await.1;
+    }
+    let spent = before - remaining(&at_leader, limit, key).await - fresh;
+    eprintln!("spent by the 25 checks answered \"denied\": {spent}");
+    assert!(
+        spent <= 5,
+        "{spent} of the 25 checks answered \"denied\" were admitted after their callers' \
+         deadline (at most the first entry's, of the first five, may be)"
+    );
+    let expired = metric(&cluster, leader, "quorate_checks_expired_total");
+    assert!(expired >= 20, "the leader counted {expired} expired checks");
+}
+
 /// Three members with slow elections, each with `--test-hold-wal-while {dir}.hold`: the
 /// settled leader of `key`'s shard (`settled_leader`), a client of it, and the path of its
 /// hold file (while that exists its WAL writes and syncs nothing; reading `fail`, it fails

@@ -5,7 +5,9 @@
 //! by. The share is the one docs/semantics.md promises, each of quota and capacity divided by
 //! the voters (at least 1), written out here ([`share`]) rather than taken from the node or
 //! from `Limit::share`, so that a fault in either shows. So N members together admit at most
-//! N shares beside what the log admits.
+//! N shares beside what the log admits. (A node divides by its shard's learners too, which
+//! only makes its share smaller while a member is added: this checks the bound over the
+//! voters.)
 
 use super::bound;
 use super::history::FallbackRecord;

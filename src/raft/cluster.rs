@@ -154,7 +154,17 @@ struct Pending {
     commands: Vec<Command>,
     /// May be answered from the leader's speculative state before the entry commits.
     fast: bool,
+    /// Not to be decided after this (monotonic ns on this node's clock): its caller has had
+    /// its `on_unavailable` answer by then (`drop_expired`).
+    deadline: Nanos,
     reply: oneshot::Sender<Result<Vec<Applied>, Proposal>>,
+}
+
+impl Pending {
+    /// Whether its deadline has passed at `now`.
+    fn expired(&self, now: Nanos) -> bool {
+        self.deadline <= now
+    }
 }
 
 impl Waiting for Pending {
@@ -1020,6 +1030,10 @@ impl Cluster {
         // retrying what was certainly not applied. Past it (or on an outcome that may have
         // been applied), `on_unavailable` answers (a check with a request id that it would
         // deny: `Applied::Unknown`, see `fallback`).
+        let deadline = self
+            .clock
+            .monotonic()
+            .saturating_add(self.config.unavailable_after.as_nanos() as u64);
         let attempt = async {
             let mut hint = leader;
             loop {
@@ -1028,10 +1042,12 @@ impl Cluster {
                     None => self.wait_for_leader(&group).await?,
                 };
                 let result = if id == me {
-                    self.propose(&group, commands.clone(), fast).await
+                    self.propose(&group, commands.clone(), fast, deadline).await
                 } else {
                     let asked_at = self.clock.monotonic();
-                    let answer = self.forward(id, &group, commands.clone(), fast).await;
+                    let answer = self
+                        .forward(id, &group, commands.clone(), fast, deadline)
+                        .await;
                     if let Ok(applied) = &answer {
                         self.denials.learn(&commands, applied, asked_at);
                     }
@@ -1085,20 +1101,44 @@ impl Cluster {
             .flatten()
     }
 
+    /// Sends `commands` to `to`, believed to lead `group`, to be decided by `deadline` (this
+    /// node's monotonic ns), and waits for the answer.
     async fn forward(
         &self,
         to: NodeId,
         group: &Group,
         commands: Vec<Command>,
         fast: bool,
+        deadline: Nanos,
     ) -> Result<Vec<Applied>, ForwardError> {
+        let within = deadline.saturating_sub(self.clock.monotonic()) / 1_000;
+        if within == 0 {
+            return Err(ForwardError::Unavailable(
+                "the caller's deadline passed".into(),
+            ));
+        }
         self.metrics.forwarded.inc_by(commands.len() as u64);
-        let request = PeerRequest::Forward {
+        let mut request = PeerRequest::ForwardWithin {
             group: group.id,
             commands,
             fast,
+            within_us: within,
         };
-        match ask(&*self.transport, to, &request, self.config.forward_timeout).await {
+        let timeout = self.config.forward_timeout;
+        let mut answer = ask(&*self.transport, to, &request, timeout).await;
+        if let (Ok(PeerResponse::Refused(_)), PeerRequest::ForwardWithin { commands, .. }) =
+            (&answer, &mut request)
+        {
+            // A member of an older build (the same protocol version) cannot read a deadline:
+            // it refused the batch unread. Sent as it reads them, without the deadline.
+            let request = PeerRequest::Forward {
+                group: group.id,
+                commands: std::mem::take(commands),
+                fast,
+            };
+            answer = ask(&*self.transport, to, &request, timeout).await;
+        }
+        match answer {
             Ok(PeerResponse::Forward(result)) => result,
             // Refused, not decided: this node was removed from the group (`Cluster::handle`).
             Ok(PeerResponse::Removed) => {
@@ -1117,12 +1157,14 @@ impl Cluster {
     }
 
     /// Puts `commands` in this node's proposer lane for `group` and waits for the answer
-    /// from the committed entry.
+    /// from the committed entry. Not decided past `deadline` (this node's monotonic ns; see
+    /// `drop_expired`).
     async fn propose(
         &self,
         group: &Arc<Group>,
         commands: Vec<Command>,
         fast: bool,
+        deadline: Nanos,
     ) -> Result<Vec<Applied>, ForwardError> {
         let n = commands.len();
         let bound = (self.config.batch_max * self.config.pipeline * 4) as u64;
@@ -1136,6 +1178,7 @@ impl Cluster {
         let pending = Pending {
             commands,
             fast: answer_early,
+            deadline,
             reply,
         };
         if group.proposer.lane.push(pending).is_err() {
@@ -1166,19 +1209,32 @@ impl Cluster {
         }
     }
 
-    /// A forwarded batch: decide it here if this node leads the group.
+    /// A forwarded batch: decide it here if this node leads the group, within `within` of
+    /// now (the sender's deadline; `None` from a member of an older build: `write_timeout`).
+    /// Past it, the sender has answered its caller and gone: nothing waits for the answer,
+    /// and the peer server's handler slot this holds is let go.
     pub async fn decide_forwarded(
         &self,
         group: GroupId,
         commands: Vec<Command>,
         fast: bool,
+        within: Option<Duration>,
     ) -> Result<Vec<Applied>, ForwardError> {
         let Some(g) = self.groups.get(group as usize).cloned() else {
             return Err(ForwardError::Unavailable(format!("no shard {group}")));
         };
-        match self.leader(&g) {
-            Some(id) if id == self.config.node_id => self.propose(&g, commands, fast).await,
-            leader => Err(ForwardError::NotLeader { leader }),
+        let leader = self.leader(&g);
+        if leader != Some(self.config.node_id) {
+            return Err(ForwardError::NotLeader { leader });
+        }
+        let within = within.unwrap_or(self.config.write_timeout);
+        let deadline = self
+            .clock
+            .monotonic()
+            .saturating_add(within.as_nanos() as u64);
+        match tokio::time::timeout(within, self.propose(&g, commands, fast, deadline)).await {
+            Ok(result) => result,
+            Err(_) => Err(ForwardError::Unknown("the sender's deadline passed".into())),
         }
     }
 
@@ -1190,7 +1246,7 @@ impl Cluster {
     /// under the same id (whose answer was lost) may have been admitted, and the retry would
     /// spend again. An admission (`allow`, or `local` within the share) is not retried.
     fn fallback(&self, group: &Group, commands: &[Command]) -> Vec<Applied> {
-        let members = Cluster::voters(group).len().max(1) as u64;
+        let members = local_sharers(group.raft.metrics().borrow().membership_config.membership());
         let now = self.clock.monotonic();
         commands
             .iter()
@@ -1320,7 +1376,11 @@ impl Cluster {
         };
         let response = match request {
             PeerRequest::Vote { group: g, .. } if removed(g, "vote") => PeerResponse::Removed,
-            PeerRequest::Forward { group: g, .. } if removed(g, "forward") => PeerResponse::Removed,
+            PeerRequest::Forward { group: g, .. } | PeerRequest::ForwardWithin { group: g, .. }
+                if removed(g, "forward") =>
+            {
+                PeerResponse::Removed
+            }
             PeerRequest::Append { group: g, rpc } => match group(g) {
                 Some(gr) => PeerResponse::Append(gr.raft.append_entries(rpc).await),
                 None => PeerResponse::Refused(format!("no shard {g}")),
@@ -1341,7 +1401,16 @@ impl Cluster {
                 group: g,
                 commands,
                 fast,
-            } => PeerResponse::Forward(self.decide_forwarded(g, commands, fast).await),
+            } => PeerResponse::Forward(self.decide_forwarded(g, commands, fast, None).await),
+            PeerRequest::ForwardWithin {
+                group: g,
+                commands,
+                fast,
+                within_us,
+            } => {
+                let within = Some(Duration::from_micros(within_us));
+                PeerResponse::Forward(self.decide_forwarded(g, commands, fast, within).await)
+            }
             PeerRequest::RespAddr => PeerResponse::RespAddr(self.resp_addr.get().copied()),
             PeerRequest::Handover {
                 group: g,
@@ -1647,7 +1716,7 @@ async fn propose_loop(cluster: Arc<Cluster>, group: Arc<Group>) {
         }
         let room = Open::room(&open, batch_max);
         let pending = if room > 0 && !group.handover_asked.load(Ordering::Relaxed) {
-            lane.take(room)
+            drop_expired(&cluster, lane.take(room))
         } else {
             Vec::new()
         };
@@ -1948,6 +2017,40 @@ async fn run_handover(
         .map_err(|e| format!("node {to} called an election, but: {e}"))
 }
 
+/// How many nodes share each limit under `on_unavailable = "local"`: every node `membership`
+/// names, learners too (a node being added answers its clients by itself as well; divided by
+/// the voters only, N voters and a learner together could admit (N+1)/N of the limit), at
+/// least 1. A node that has not yet applied a new member's entry still divides by fewer.
+fn local_sharers(membership: &openraft::Membership<NodeId, BasicNode>) -> u64 {
+    membership.nodes().count().max(1) as u64
+}
+
+/// Answers the callers among `pending` whose deadline has passed (`NotSubmitted`: decided
+/// nothing), and returns the others. Such a caller has had its `on_unavailable` answer
+/// (strict under `deny`: "denied, nothing spent"), or its sender has, and gone: deciding it
+/// now would spend what its caller was told was not spent (or, under `allow` and `local`,
+/// count it twice). A caller decided in time can still be answered late (its entry commits
+/// after the deadline): this bounds that window by the commit, not by the time it queued.
+fn drop_expired(cluster: &Cluster, pending: Vec<Pending>) -> Vec<Pending> {
+    let now = cluster.clock.monotonic();
+    if !pending.iter().any(|p| p.expired(now)) {
+        return pending;
+    }
+    let (late, live): (Vec<Pending>, Vec<Pending>) =
+        pending.into_iter().partition(|p| p.expired(now));
+    let commands: usize = late.iter().map(|p| p.commands.len()).sum();
+    cluster.metrics.checks_expired.inc_by(commands as u64);
+    for p in late {
+        answer(
+            p.reply,
+            Err(Proposal::NotSubmitted(
+                "the caller's deadline passed before a decision".into(),
+            )),
+        );
+    }
+    live
+}
+
 /// The leader `m` names, or `None` once the group's Raft core has stopped (on an error,
 /// such as a failed disk write): its metrics keep the last leader, this node itself if it
 /// led, and the node would go on choosing itself (and advertising itself to routing
@@ -2199,6 +2302,24 @@ async fn rebalance_loop(cluster: std::sync::Weak<Cluster>) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_local_share_is_divided_among_voters_and_learners() {
+        let voters = std::collections::BTreeSet::from([1, 2, 3]);
+        let nodes: BTreeMap<NodeId, BasicNode> =
+            (1..=4).map(|id| (id, BasicNode::default())).collect();
+        let adding = openraft::Membership::new(vec![voters.clone()], nodes);
+        assert_eq!(adding.voter_ids().count(), 3);
+        assert_eq!(local_sharers(&adding), 4, "a learner answers by itself too");
+        let three = openraft::Membership::<NodeId, BasicNode>::new(vec![voters], ());
+        assert_eq!(local_sharers(&three), 3);
+        // A joint configuration (3 to 4 voters): every node of both.
+        let joint = openraft::Membership::<NodeId, BasicNode>::new(
+            vec![[1, 2, 3].into(), [1, 2, 3, 4].into()],
+            (),
+        );
+        assert_eq!(local_sharers(&joint), 4);
+    }
 
     fn known(ids: &[NodeId]) -> BTreeMap<NodeId, String> {
         ids.iter()

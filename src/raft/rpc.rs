@@ -57,6 +57,18 @@ pub enum PeerRequest {
         vote: openraft::Vote<NodeId>,
         elect: bool,
     },
+    /// `Forward` with the sender's deadline: the receiver decides none of `commands` later
+    /// than `within_us` microseconds after it received them (by then the sender has given
+    /// its caller the `on_unavailable` answer, and a decision would spend what its caller
+    /// was told was not spent). Relative, so the nodes' clocks need not agree. After the
+    /// variants above, for the same reason: an older member refuses it as undecodable
+    /// (decided nothing), and the sender sends a plain `Forward` instead.
+    ForwardWithin {
+        group: GroupId,
+        commands: Vec<Command>,
+        fast: bool,
+        within_us: u64,
+    },
 }
 
 /// A change of a group's voters, carried out by the group's leader.
