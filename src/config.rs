@@ -68,7 +68,9 @@ pub struct ClusterSettings {
     pub election_timeout: Duration,
     /// Longest wait for a shard's leader before `on_unavailable` answers.
     pub unavailable_after: Duration,
-    /// Longest wait for an entry to commit (or a forwarded batch to be answered).
+    /// Longest wait for an entry to commit (and for a forwarded batch, at most: a forward
+    /// carries its sender's deadline, `unavailable_after`, and a leader decides none of it
+    /// later).
     pub write_timeout: Duration,
     /// Most commands per log entry.
     pub batch_max: usize,

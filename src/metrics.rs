@@ -1,8 +1,8 @@
 //! Prometheus metrics of a node, rendered at `GET /metrics`.
 
 use prometheus::{
-    Encoder, HistogramOpts, HistogramVec, IntCounter, IntCounterVec, IntGauge, IntGaugeVec, Opts,
-    Registry, TextEncoder,
+    Encoder, Histogram, HistogramOpts, HistogramVec, IntCounter, IntCounterVec, IntGauge,
+    IntGaugeVec, Opts, Registry, TextEncoder,
 };
 
 /// Every metric the node exports. Cheap to clone (handles share the same series).
@@ -49,6 +49,11 @@ pub struct Metrics {
     /// Handovers of a shard's leadership from this member to another (a rebalance, before
     /// its own removal, on SIGTERM), by result (`done`, `failed`).
     pub handovers: IntCounterVec,
+    /// Of each handover done: from the leader's asking the target to call its election to
+    /// the new leader (the time the shard had no leader able to commit). With the voters'
+    /// lease waiver, one election round; without it the target could win only once their
+    /// leases lapsed (the maximum election timeout).
+    pub handover_gap: Histogram,
     /// Requests from a node removed from a shard that this member refused, by kind (`vote`:
     /// it campaigned; `forward`: a check it forwarded): it still runs, and learns so that it
     /// is out (and asks no more: about once per shard, again after each restart of it).
@@ -111,6 +116,17 @@ impl Metrics {
         .expect("valid metric");
         registry
             .register(Box::new(decision_latency.clone()))
+            .expect("unique metric");
+        let handover_gap = Histogram::with_opts(
+            HistogramOpts::new(
+                "quorate_leader_handover_gap_seconds",
+                "Handovers done by this member: from asking the new leader to call its election to seeing it lead",
+            )
+            .buckets(vec![0.01, 0.05, 0.1, 0.25, 0.5, 1.0, 2.0, 5.0, 10.0]),
+        )
+        .expect("valid metric");
+        registry
+            .register(Box::new(handover_gap.clone()))
             .expect("unique metric");
         Metrics {
             decisions: counter_vec(
@@ -175,6 +191,7 @@ impl Metrics {
                 "Handovers of a shard's leadership from this member to another (rebalance, before its removal, on SIGTERM), by result (done, failed)",
                 &["result"],
             ),
+            handover_gap,
             removed_refusals: counter_vec(
                 "quorate_removed_node_refusals_total",
                 "Requests from a node removed from a shard, refused (it still runs), by kind (vote, forward)",

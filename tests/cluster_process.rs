@@ -699,18 +699,9 @@ async fn a_check_whose_caller_was_answered_is_not_decided_later() {
     assert_eq!((answered, admitted), (25, 0));
     std::fs::remove_file(&hold).unwrap();
     blocking(|| cluster.signal(stopped, SIGCONT));
-    // Commits flow again: a check through the leader is admitted (a few tries: the held
-    // entry commits first).
-    let started = Instant::now();
-    let mut fresh = 0;
-    while fresh == 0 {
-        assert!(
-            started.elapsed() < Duration::from_secs(20),
-            "nothing admitted in 20 s after the disk came back"
-        );
-        fresh = five_checks(&at_leader, limit, key).await.1;
-    }
-    let spent = before - remaining(&at_leader, limit, key).await - fresh;
+    // Commits flow again: `remaining` peeks (cost 0, spends nothing) until the leader
+    // answers, which it does once its entry commits, after the held one.
+    let spent = before - remaining(&at_leader, limit, key).await;
     eprintln!("spent by the 25 checks answered \"denied\": {spent}");
     assert!(
         spent <= 5,
@@ -1233,7 +1224,10 @@ async fn leadership_spreads_back_to_a_returning_node_without_leaderless_gaps() {
 /// leader hands the leadership over instead (`hand_over` in src/raft/cluster.rs), with the
 /// voters waiving its lease. Without the waiver a handover can still end well, the slow
 /// way: the leader sees the refused candidate's higher term and steps down, and the
-/// candidate wins once the voters' leases lapse (4 s here): the gap tells the two apart.
+/// candidate wins once the voters' leases lapse (4 s here). The handover's own gap (from
+/// the election asked to the new leader, `quorate_leader_handover_gap_seconds`) tells the
+/// two apart; the gaps members saw are reported only (member 1's own elections after its
+/// resume, openraft 0.9 having no pre-vote, can depose a leader for the lease too).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn leadership_returns_to_a_member_of_five_by_handover() {
     let extra = ["--election-timeout", "2s", "--heartbeat", "500ms"];
@@ -1259,23 +1253,20 @@ async fn leadership_returns_to_a_member_of_five_by_handover() {
         "shard 0 back at member 1 {:?} after the resume",
         resumed.elapsed()
     );
-    let handed: u64 = (1..5)
-        .map(|i| {
-            metric(
-                &cluster,
-                i,
-                "quorate_leader_handovers_total{result=\"done\"}",
-            )
-        })
-        .sum();
+    let sum = |name: &str| (1..5).map(|i| metric(&cluster, i, name)).sum::<u64>();
+    let handed = sum("quorate_leader_handovers_total{result=\"done\"}");
     assert!(handed >= 1, "no member counted a handover");
-    // A handover with the lease waived leaves the shard leaderless for the time of one
-    // election round (milliseconds); the slow way, for at least the lease (4 s).
-    let (gap, member, shard) = gaps.longest;
-    assert!(
-        gap < Duration::from_secs(2),
-        "member {member} saw shard {shard} without a leader for {gap:?}: a handover without \
-         the lease waived?"
+    // A handover with the lease waived leaves the shard without a leader for the time of
+    // one election round (milliseconds); the slow way, for at least the lease (4 s).
+    let timed = sum("quorate_leader_handover_gap_seconds_count");
+    let quick = sum("quorate_leader_handover_gap_seconds_bucket{le=\"2\"}");
+    assert_eq!(timed, handed);
+    assert_eq!(
+        quick,
+        handed,
+        "{} of {handed} handovers left their shard without a leader for 2 s or more: \
+         without the lease waived?",
+        handed - quick
     );
 }
 

@@ -19,7 +19,10 @@
 //!   `fast_linger` after the last entry (or until `fast_batch` commands): fewer entries
 //!   under fast load, each costing every replica a WAL append and replication messages.
 //! - another node leads `g`: the commands are forwarded to it over the peer transport, in
-//!   the caller's batch, with a timeout; a `NotLeader` answer with a hint is followed once.
+//!   the caller's batch, with the time left of the caller's deadline (`unavailable_after`);
+//!   `NotLeader` hints are followed until that deadline. A leader's proposer drops undecided
+//!   a caller it takes past its deadline (`drop_expired`): its caller has had its
+//!   `on_unavailable` answer.
 //! - no leader or no quorum within `unavailable_after`: each check is answered by its
 //!   policy's `on_unavailable` (deny; allow, counted; or local: this node enforces
 //!   `limit / members` by itself on its own table until the shard is back); a check with a
@@ -1030,10 +1033,7 @@ impl Cluster {
         // retrying what was certainly not applied. Past it (or on an outcome that may have
         // been applied), `on_unavailable` answers (a check with a request id that it would
         // deny: `Applied::Unknown`, see `fallback`).
-        let deadline = self
-            .clock
-            .monotonic()
-            .saturating_add(self.config.unavailable_after.as_nanos() as u64);
+        let deadline = self.deadline_in(self.config.unavailable_after);
         let attempt = async {
             let mut hint = leader;
             loop {
@@ -1131,6 +1131,7 @@ impl Cluster {
         {
             // A member of an older build (the same protocol version) cannot read a deadline:
             // it refused the batch unread. Sent as it reads them, without the deadline.
+            self.metrics.forwarded.inc_by(commands.len() as u64);
             let request = PeerRequest::Forward {
                 group: group.id,
                 commands: std::mem::take(commands),
@@ -1175,6 +1176,9 @@ impl Cluster {
         // Strict callers wait for the commit; fast ones may be answered from the leader's
         // speculative state (see `propose_loop`).
         let answer_early = fast;
+        // Past `write_timeout` this waits no more (below) and its caller gets its
+        // `on_unavailable` answer: no later decision, then, whatever the caller's deadline.
+        let deadline = deadline.min(self.deadline_in(self.config.write_timeout));
         let pending = Pending {
             commands,
             fast: answer_early,
@@ -1227,15 +1231,29 @@ impl Cluster {
         if leader != Some(self.config.node_id) {
             return Err(ForwardError::NotLeader { leader });
         }
-        let within = within.unwrap_or(self.config.write_timeout);
-        let deadline = self
-            .clock
-            .monotonic()
-            .saturating_add(within.as_nanos() as u64);
+        // At most `write_timeout`, what `propose` waits (a garbled deadline holds no slot
+        // for longer); none left: not queued at all.
+        let within = within.map_or(self.config.write_timeout, |w| {
+            w.min(self.config.write_timeout)
+        });
+        if within.is_zero() {
+            return Err(ForwardError::Unavailable(
+                "the sender's deadline passed".into(),
+            ));
+        }
+        let deadline = self.deadline_in(within);
         match tokio::time::timeout(within, self.propose(&g, commands, fast, deadline)).await {
             Ok(result) => result,
-            Err(_) => Err(ForwardError::Unknown("the sender's deadline passed".into())),
+            Err(_) => Err(ForwardError::Unknown(format!(
+                "no answer within {within:?}"
+            ))),
         }
+    }
+
+    /// This node's monotonic time `d` from now (ns), saturating.
+    fn deadline_in(&self, d: Duration) -> Nanos {
+        let d = u64::try_from(d.as_nanos()).unwrap_or(u64::MAX);
+        self.clock.monotonic().saturating_add(d)
     }
 
     /// The policy's `on_unavailable` answer for each command; except that a check with a
@@ -1246,7 +1264,10 @@ impl Cluster {
     /// under the same id (whose answer was lost) may have been admitted, and the retry would
     /// spend again. An admission (`allow`, or `local` within the share) is not retried.
     fn fallback(&self, group: &Group, commands: &[Command]) -> Vec<Applied> {
-        let members = local_sharers(group.raft.metrics().borrow().membership_config.membership());
+        let members = local_sharers(
+            group.raft.metrics().borrow().membership_config.membership(),
+            self.config.node_id,
+        );
         let now = self.clock.monotonic();
         commands
             .iter()
@@ -1767,13 +1788,7 @@ async fn propose_loop(cluster: Arc<Cluster>, group: Arc<Group>) {
             pending
         };
         if !pending.is_empty() {
-            let mut replies = Replies::with_capacity(pending.len());
-            let mut commands = Vec::new();
-            for p in pending {
-                replies.add(p.commands.len(), p.fast || unsafe_early, p.reply);
-                commands.extend(p.commands);
-            }
-            let any_fast = replies.any_early();
+            let any_fast = unsafe_early || pending.iter().any(|p| p.fast);
             // The speculative state is (re)built only with nothing else in flight or open,
             // after the state machine has applied everything committed before this term's
             // entries and every entry in this node's log (`log_applied`: a leader restarted
@@ -1796,44 +1811,55 @@ async fn propose_loop(cluster: Arc<Cluster>, group: Arc<Group>) {
                     state: lock(&group.info_state).clone(),
                 });
             }
-            // An entry the copy assumed has failed (its answer may come while an entry is
-            // open): the copy is no longer the log's.
-            if group.spec_failed.swap(false, Ordering::SeqCst) {
-                spec = None;
-            }
-            let mut part = Batch::at(now, commands);
-            part.epoch = epoch(cluster.config.incarnation, term);
-            let guessed = spec.as_mut().map(|s| s.state.apply(&part));
-            // The lease as of the answers, after the waits above (up to `unavailable_after`
-            // for a rebuilt copy, which can be longer than the lease).
-            let taken_at = cluster.clock.monotonic();
-            let lease_from = group.lease_from.load(Ordering::SeqCst);
-            let lease = unsafe_early
-                || (lease_from > 0
-                    && taken_at.saturating_sub(lease_from) < lease_ns
-                    && no_early_term != term);
-            // Fast callers are answered now, from the speculative state, while the lease
-            // holds (a leader cut off from its majority stops answering early within a
-            // lease): whether the entry is proposed now or stays open until the pipeline
-            // has room, so a fast check does not wait for the entry ahead to commit. Their
-            // admissions are in this entry; a crash before it commits forgets them, as it
-            // forgets the entries in flight (the over-admission bound, docs/semantics.md).
-            if let (Some(results), true) = (guessed, lease) {
-                replies.answer_early(results, answer);
-            }
-            match &mut open {
-                Some(o) => {
-                    // One term, so one epoch: an open entry of another term was dropped.
-                    debug_assert_eq!(o.batch.epoch, part.epoch);
-                    o.batch.push_part(now, part.commands);
-                    o.replies.append(replies);
+            // The waits above (up to `unavailable_after` each) may have outlived deadlines.
+            let pending = drop_expired(&cluster, pending);
+            // (Nothing to add if each caller had waited past its deadline.)
+            if !pending.is_empty() {
+                let mut replies = Replies::with_capacity(pending.len());
+                let mut commands = Vec::new();
+                for p in pending {
+                    replies.add(p.commands.len(), p.fast || unsafe_early, p.reply);
+                    commands.extend(p.commands);
                 }
-                None => {
-                    open = Some(Open {
-                        term,
-                        batch: part,
-                        replies,
-                    })
+                // An entry the copy assumed has failed (its answer may come while an entry is
+                // open): the copy is no longer the log's.
+                if group.spec_failed.swap(false, Ordering::SeqCst) {
+                    spec = None;
+                }
+                let mut part = Batch::at(now, commands);
+                part.epoch = epoch(cluster.config.incarnation, term);
+                let guessed = spec.as_mut().map(|s| s.state.apply(&part));
+                // The lease as of the answers, after the waits above (up to `unavailable_after`
+                // for a rebuilt copy, which can be longer than the lease).
+                let taken_at = cluster.clock.monotonic();
+                let lease_from = group.lease_from.load(Ordering::SeqCst);
+                let lease = unsafe_early
+                    || (lease_from > 0
+                        && taken_at.saturating_sub(lease_from) < lease_ns
+                        && no_early_term != term);
+                // Fast callers are answered now, from the speculative state, while the lease
+                // holds (a leader cut off from its majority stops answering early within a
+                // lease): whether the entry is proposed now or stays open until the pipeline
+                // has room, so a fast check does not wait for the entry ahead to commit. Their
+                // admissions are in this entry; a crash before it commits forgets them, as it
+                // forgets the entries in flight (the over-admission bound, docs/semantics.md).
+                if let (Some(results), true) = (guessed, lease) {
+                    replies.answer_early(results, answer);
+                }
+                match &mut open {
+                    Some(o) => {
+                        // One term, so one epoch: an open entry of another term was dropped.
+                        debug_assert_eq!(o.batch.epoch, part.epoch);
+                        o.batch.push_part(now, part.commands);
+                        o.replies.append(replies);
+                    }
+                    None => {
+                        open = Some(Open {
+                            term,
+                            batch: part,
+                            replies,
+                        })
+                    }
                 }
             }
         }
@@ -1998,6 +2024,7 @@ async fn run_handover(
         vote,
         elect: true,
     };
+    let asked = cluster.clock.monotonic();
     match ask(&*cluster.transport, to, &request, quick).await {
         Ok(PeerResponse::Handover(Ok(()))) => {}
         Ok(PeerResponse::Handover(Err(why))) => return Err(format!("node {to}: {why}")),
@@ -2005,7 +2032,7 @@ async fn run_handover(
         Err(e) => return Err(e.to_string()),
     }
     let term = vote.leader_id().term;
-    group
+    let led = group
         .raft
         .wait(Some(cluster.config.election_max * 2))
         .metrics(
@@ -2014,15 +2041,24 @@ async fn run_handover(
         )
         .await
         .map(|_| ())
-        .map_err(|e| format!("node {to} called an election, but: {e}"))
+        .map_err(|e| format!("node {to} called an election, but: {e}"));
+    if led.is_ok() {
+        let gap = cluster.clock.monotonic().saturating_sub(asked);
+        cluster.metrics.handover_gap.observe(gap as f64 / 1e9);
+    }
+    led
 }
 
-/// How many nodes share each limit under `on_unavailable = "local"`: every node `membership`
-/// names, learners too (a node being added answers its clients by itself as well; divided by
-/// the voters only, N voters and a learner together could admit (N+1)/N of the limit), at
-/// least 1. A node that has not yet applied a new member's entry still divides by fewer.
-fn local_sharers(membership: &openraft::Membership<NodeId, BasicNode>) -> u64 {
-    membership.nodes().count().max(1) as u64
+/// How many nodes share each limit under `on_unavailable = "local"`, as node `me` counts
+/// them: every node `membership` names, learners too (a node being added answers its
+/// clients by itself as well; divided by the voters only, N voters and a learner together
+/// could admit (N+1)/N of the limit), and `me` if its copy does not name it yet (a node
+/// joining, before it has the entry that adds it). A node that has not yet applied another
+/// new member's entry still divides by one fewer.
+fn local_sharers(membership: &openraft::Membership<NodeId, BasicNode>, me: NodeId) -> u64 {
+    let named = membership.nodes().count();
+    let missing = usize::from(!membership.nodes().any(|(id, _)| *id == me));
+    (named + missing) as u64
 }
 
 /// Answers the callers among `pending` whose deadline has passed (`NotSubmitted`: decided
@@ -2310,15 +2346,24 @@ mod tests {
             (1..=4).map(|id| (id, BasicNode::default())).collect();
         let adding = openraft::Membership::new(vec![voters.clone()], nodes);
         assert_eq!(adding.voter_ids().count(), 3);
-        assert_eq!(local_sharers(&adding), 4, "a learner answers by itself too");
+        assert_eq!(
+            local_sharers(&adding, 1),
+            4,
+            "a learner answers by itself too"
+        );
+        assert_eq!(local_sharers(&adding, 4), 4);
         let three = openraft::Membership::<NodeId, BasicNode>::new(vec![voters], ());
-        assert_eq!(local_sharers(&three), 3);
+        assert_eq!(local_sharers(&three, 2), 3);
+        // A node not yet named by its copy (joining): itself as well.
+        assert_eq!(local_sharers(&three, 5), 4);
+        let none = openraft::Membership::<NodeId, BasicNode>::new(Vec::new(), ());
+        assert_eq!(local_sharers(&none, 5), 1);
         // A joint configuration (3 to 4 voters): every node of both.
         let joint = openraft::Membership::<NodeId, BasicNode>::new(
             vec![[1, 2, 3].into(), [1, 2, 3, 4].into()],
             (),
         );
-        assert_eq!(local_sharers(&joint), 4);
+        assert_eq!(local_sharers(&joint, 4), 4);
     }
 
     fn known(ids: &[NodeId]) -> BTreeMap<NodeId, String> {

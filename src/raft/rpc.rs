@@ -470,6 +470,35 @@ mod tests {
     use super::*;
     use openraft::{CommittedLeaderId, Entry, EntryPayload};
 
+    /// Members of different builds of one protocol version talk: a variant's encoding never
+    /// moves (bincode writes the variant's index first), and an older build refuses a
+    /// variant it does not know as undecodable. Pinned here.
+    #[test]
+    fn the_request_variants_keep_their_indexes() {
+        let forward = PeerRequest::Forward {
+            group: 1,
+            commands: Vec::new(),
+            fast: false,
+        };
+        let within = PeerRequest::ForwardWithin {
+            group: 1,
+            commands: Vec::new(),
+            fast: false,
+            within_us: 500_000,
+        };
+        assert_eq!(encode(&forward)[0], 4);
+        assert_eq!(encode(&PeerRequest::RespAddr)[0], 5);
+        assert_eq!(encode(&within)[0], 7);
+        let bytes = encode(&within);
+        assert!(matches!(
+            decode::<PeerRequest>(&bytes),
+            Ok(PeerRequest::ForwardWithin {
+                within_us: 500_000,
+                ..
+            })
+        ));
+    }
+
     /// A follower that records the AppendEntries it is sent and gives one answer to all.
     struct Follower {
         got: Mutex<Vec<AppendEntriesRequest<TypeConfig>>>,
