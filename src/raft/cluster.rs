@@ -1118,7 +1118,7 @@ impl Cluster {
             ));
         }
         self.metrics.forwarded.inc_by(commands.len() as u64);
-        let mut request = PeerRequest::ForwardWithin {
+        let request = PeerRequest::ForwardWithin {
             group: group.id,
             commands,
             fast,
@@ -1127,14 +1127,14 @@ impl Cluster {
         let timeout = self.config.forward_timeout;
         let mut answer = ask(&*self.transport, to, &request, timeout).await;
         if let (Ok(PeerResponse::Refused(_)), PeerRequest::ForwardWithin { commands, .. }) =
-            (&answer, &mut request)
+            (&answer, request)
         {
             // A member of an older build (the same protocol version) cannot read a deadline:
             // it refused the batch unread. Sent as it reads them, without the deadline.
             self.metrics.forwarded.inc_by(commands.len() as u64);
             let request = PeerRequest::Forward {
                 group: group.id,
-                commands: std::mem::take(commands),
+                commands,
                 fast,
             };
             answer = ask(&*self.transport, to, &request, timeout).await;
@@ -1787,79 +1787,77 @@ async fn propose_loop(cluster: Arc<Cluster>, group: Arc<Group>) {
         } else {
             pending
         };
+        let any_fast = pending.iter().any(|p| p.fast || unsafe_early);
+        // The speculative state is (re)built only with nothing else in flight or open,
+        // after the state machine has applied everything committed before this term's
+        // entries and every entry in this node's log (`log_applied`: a leader restarted
+        // in its own term may hold older ones): then the committed state plus what
+        // follows is exactly what the log will say.
+        let idle = open.is_none()
+            && group.proposer.inflight.available_permits() + usize::from(permit.is_some())
+                >= pipeline;
+        if spec.as_ref().is_some_and(|s| s.term != term) {
+            spec = None;
+        }
+        if spec.is_none()
+            && any_fast
+            && idle
+            && linearizable(&group, cluster.config.unavailable_after).await
+            && log_applied(&group, cluster.config.unavailable_after).await
+        {
+            spec = Some(Speculative {
+                term,
+                state: lock(&group.info_state).clone(),
+            });
+        }
+        // The waits above (up to `unavailable_after` each) may have outlived deadlines.
+        let pending = drop_expired(&cluster, pending);
+        // (Nothing to add if every caller was denied at once or waited past its deadline.)
         if !pending.is_empty() {
-            let any_fast = unsafe_early || pending.iter().any(|p| p.fast);
-            // The speculative state is (re)built only with nothing else in flight or open,
-            // after the state machine has applied everything committed before this term's
-            // entries and every entry in this node's log (`log_applied`: a leader restarted
-            // in its own term may hold older ones): then the committed state plus what
-            // follows is exactly what the log will say.
-            let idle = open.is_none()
-                && group.proposer.inflight.available_permits() + usize::from(permit.is_some())
-                    >= pipeline;
-            if spec.as_ref().is_some_and(|s| s.term != term) {
+            let mut replies = Replies::with_capacity(pending.len());
+            let mut commands = Vec::new();
+            for p in pending {
+                replies.add(p.commands.len(), p.fast || unsafe_early, p.reply);
+                commands.extend(p.commands);
+            }
+            // An entry the copy assumed has failed (its answer may come while an entry is
+            // open): the copy is no longer the log's.
+            if group.spec_failed.swap(false, Ordering::SeqCst) {
                 spec = None;
             }
-            if spec.is_none()
-                && any_fast
-                && idle
-                && linearizable(&group, cluster.config.unavailable_after).await
-                && log_applied(&group, cluster.config.unavailable_after).await
-            {
-                spec = Some(Speculative {
-                    term,
-                    state: lock(&group.info_state).clone(),
-                });
+            let mut part = Batch::at(now, commands);
+            part.epoch = epoch(cluster.config.incarnation, term);
+            let guessed = spec.as_mut().map(|s| s.state.apply(&part));
+            // The lease as of the answers, after the waits above (up to `unavailable_after`
+            // for a rebuilt copy, which can be longer than the lease).
+            let taken_at = cluster.clock.monotonic();
+            let lease_from = group.lease_from.load(Ordering::SeqCst);
+            let lease = unsafe_early
+                || (lease_from > 0
+                    && taken_at.saturating_sub(lease_from) < lease_ns
+                    && no_early_term != term);
+            // Fast callers are answered now, from the speculative state, while the lease
+            // holds (a leader cut off from its majority stops answering early within a
+            // lease): whether the entry is proposed now or stays open until the pipeline
+            // has room, so a fast check does not wait for the entry ahead to commit. Their
+            // admissions are in this entry; a crash before it commits forgets them, as it
+            // forgets the entries in flight (the over-admission bound, docs/semantics.md).
+            if let (Some(results), true) = (guessed, lease) {
+                replies.answer_early(results, answer);
             }
-            // The waits above (up to `unavailable_after` each) may have outlived deadlines.
-            let pending = drop_expired(&cluster, pending);
-            // (Nothing to add if each caller had waited past its deadline.)
-            if !pending.is_empty() {
-                let mut replies = Replies::with_capacity(pending.len());
-                let mut commands = Vec::new();
-                for p in pending {
-                    replies.add(p.commands.len(), p.fast || unsafe_early, p.reply);
-                    commands.extend(p.commands);
+            match &mut open {
+                Some(o) => {
+                    // One term, so one epoch: an open entry of another term was dropped.
+                    debug_assert_eq!(o.batch.epoch, part.epoch);
+                    o.batch.push_part(now, part.commands);
+                    o.replies.append(replies);
                 }
-                // An entry the copy assumed has failed (its answer may come while an entry is
-                // open): the copy is no longer the log's.
-                if group.spec_failed.swap(false, Ordering::SeqCst) {
-                    spec = None;
-                }
-                let mut part = Batch::at(now, commands);
-                part.epoch = epoch(cluster.config.incarnation, term);
-                let guessed = spec.as_mut().map(|s| s.state.apply(&part));
-                // The lease as of the answers, after the waits above (up to `unavailable_after`
-                // for a rebuilt copy, which can be longer than the lease).
-                let taken_at = cluster.clock.monotonic();
-                let lease_from = group.lease_from.load(Ordering::SeqCst);
-                let lease = unsafe_early
-                    || (lease_from > 0
-                        && taken_at.saturating_sub(lease_from) < lease_ns
-                        && no_early_term != term);
-                // Fast callers are answered now, from the speculative state, while the lease
-                // holds (a leader cut off from its majority stops answering early within a
-                // lease): whether the entry is proposed now or stays open until the pipeline
-                // has room, so a fast check does not wait for the entry ahead to commit. Their
-                // admissions are in this entry; a crash before it commits forgets them, as it
-                // forgets the entries in flight (the over-admission bound, docs/semantics.md).
-                if let (Some(results), true) = (guessed, lease) {
-                    replies.answer_early(results, answer);
-                }
-                match &mut open {
-                    Some(o) => {
-                        // One term, so one epoch: an open entry of another term was dropped.
-                        debug_assert_eq!(o.batch.epoch, part.epoch);
-                        o.batch.push_part(now, part.commands);
-                        o.replies.append(replies);
-                    }
-                    None => {
-                        open = Some(Open {
-                            term,
-                            batch: part,
-                            replies,
-                        })
-                    }
+                None => {
+                    open = Some(Open {
+                        term,
+                        batch: part,
+                        replies,
+                    })
                 }
             }
         }
