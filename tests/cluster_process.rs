@@ -712,6 +712,73 @@ async fn a_check_whose_caller_was_answered_is_not_decided_later() {
     assert!(expired >= 20, "the leader counted {expired} expired checks");
 }
 
+/// The same, with a fast limit on the shard: while the pipeline is full (its one entry held
+/// by the stalled disk) the next entry stays open, and fast checks join it, answered at
+/// once from the leader's speculative copy. Strict checks must not join it: it waits for the
+/// pipeline however long, and they would be decided after their callers were answered
+/// "denied" (seen: all 20 spent). They wait in the lane, where their deadline is checked.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_strict_check_does_not_wait_in_an_open_entry_past_its_deadline() {
+    let (limit, key, fast) = ("count", "open", "fastcount");
+    let fast_key = (0..)
+        .map(|n| format!("f-{n}"))
+        .find(|k| shard(fast, k) == shard(limit, key))
+        .unwrap();
+    let fast_key: &'static str = Box::leak(fast_key.into_boxed_str());
+    let (cluster, leader, at_leader, hold) = start_with_wal_hold(limit, key).await;
+    // A fast check while the pipeline is empty: the leader builds its speculative copy.
+    let warm = at_leader.check(&[(fast, fast_key, 1)], None).await.unwrap();
+    assert!(warm.allowed);
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    let before = remaining(&at_leader, limit, key).await;
+    blocking(|| cluster.signal((leader + 1) % 3, SIGSTOP));
+    std::fs::write(&hold, b"").unwrap();
+    // One strict check takes the pipeline's one slot; its entry cannot commit.
+    let first = tokio::spawn({
+        let c = at_leader.clone();
+        async move { c.check(&[(limit, key, 1)], None).await }
+    });
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    // A fast check opens the next entry, answered at once (within the lease).
+    let started = Instant::now();
+    let a = at_leader.check(&[(fast, fast_key, 1)], None).await.unwrap();
+    let took = started.elapsed();
+    assert!(a.allowed, "the fast check in the open entry: {a:?}");
+    assert!(
+        took < Duration::from_millis(400),
+        "the fast check took {took:?}"
+    );
+    // Twenty strict checks at once (a client each), then another fast check, which the
+    // open entry takes while they wait in the lane.
+    let strict: Vec<_> = (0..20)
+        .map(|_| {
+            let c = client(cluster.members[leader].resp);
+            tokio::spawn(async move { c.check(&[(limit, key, 1)], None).await })
+        })
+        .collect();
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    let b = at_leader.check(&[(fast, fast_key, 1)], None).await.unwrap();
+    assert!(b.allowed, "the second fast check: {b:?}");
+    let (mut answered, mut admitted) = (0, 0);
+    for s in strict.into_iter().chain([first]) {
+        if let Ok(Ok(a)) = s.await {
+            answered += 1;
+            admitted += a.allowed as u64;
+        }
+    }
+    eprintln!("leader {leader}, disk stalled: {answered} strict answered, {admitted} admitted");
+    assert_eq!((answered, admitted), (21, 0));
+    std::fs::remove_file(&hold).unwrap();
+    blocking(|| cluster.signal((leader + 1) % 3, SIGCONT));
+    let spent = before - remaining(&at_leader, limit, key).await;
+    eprintln!("spent by the 21 strict checks answered \"denied\": {spent}");
+    assert!(
+        spent <= 1,
+        "{spent} of the 21 strict checks answered \"denied\" were admitted after their \
+         callers' deadline (only the first entry's one may be)"
+    );
+}
+
 /// Three members with slow elections, each with `--test-hold-wal-while {dir}.hold`: the
 /// settled leader of `key`'s shard (`settled_leader`), a client of it, and the path of its
 /// hold file (while that exists its WAL writes and syncs nothing; reading `fail`, it fails

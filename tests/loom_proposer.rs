@@ -4,7 +4,8 @@
 //! its speculative state, and hands each entry's table to a completion task (a thread
 //! here) that answers the rest with the entry's outcome.
 //! The open entry of a full pipeline (several takes, each a part answered early, joined
-//! by `Replies::append`) is modelled too, and so is the lane closing when the proposer
+//! by `Replies::append`; fast callers only, `ProposerLane::take_fast`, until the pipeline
+//! has room) is modelled too, and so is the lane closing when the proposer
 //! stops (`ProposerLane::close`) while callers queue themselves.
 //! Properties, for each outcome (commits, fails after submission, not the leader): every
 //! caller is answered exactly once; a strict caller is answered "admitted" only if its
@@ -195,6 +196,87 @@ fn an_entry_gathered_in_parts_answers_each_caller_once_with_its_part() {
     model_with(Outcome::Commits, 8, [2, 1], true);
     model_with(Outcome::Fails, 8, [2, 1], true);
     model_with(Outcome::NotLeader, 8, [2, 1], true);
+}
+
+/// The open entry of a full pipeline takes only fast callers (`ProposerLane::take_fast`):
+/// a strict caller there would wait for the pipeline past its deadline. Then the pipeline
+/// has room and the proposer takes the rest (`take`) into the same entry. Whatever the
+/// order the two callers queue in: `take_fast` never takes the strict caller, and leaves
+/// it queued for `take`; every caller is answered once; the counts return to zero.
+fn fast_first(outcome: Outcome) {
+    loom::model(move || {
+        let lane = Arc::new(ProposerLane::<Caller>::new());
+        let inboxes: Vec<Inbox> = (0..2).map(|_| Arc::new(Mutex::new(Vec::new()))).collect();
+        let callers: Vec<_> = (0..2)
+            .map(|id| {
+                let (lane, inbox) = (lane.clone(), inboxes[id].clone());
+                thread::spawn(move || {
+                    let caller = reserved(&lane, id, 1, inbox);
+                    assert!(lane.push(caller).is_ok(), "the lane is open");
+                })
+            })
+            .collect();
+        let (mut replies, mut commands) = (Replies::with_capacity(2), Vec::new());
+        let mut fast_taken = false;
+        let mut taken = 0;
+        while taken < 2 {
+            let pending = if fast_taken {
+                lane.take(8)
+            } else {
+                lane.take_fast(8)
+            };
+            if pending.is_empty() {
+                thread::yield_now();
+                continue;
+            }
+            for c in pending {
+                assert!(fast_taken || c.fast, "take_fast took a strict caller");
+                fast_taken = fast_taken || c.fast;
+                taken += 1;
+                let mut part = Replies::with_capacity(1);
+                part.add(c.commands.len(), c.fast, c.inbox);
+                part.answer_early(c.commands.clone(), send);
+                replies.append(part);
+                commands.extend(c.commands);
+            }
+        }
+        assert!(lane.is_empty() && !lane.any_fast() && !lane.any_strict());
+        assert_eq!(lane.queued(), 0, "the queued-commands counter drifted");
+        let result = match outcome {
+            Outcome::Commits => Ok(commands),
+            _ => Err("lost"),
+        };
+        replies.complete(result, send);
+        for h in callers {
+            h.join().unwrap();
+        }
+        for (id, inbox) in inboxes.iter().enumerate() {
+            let answers = inbox.lock().unwrap();
+            assert_eq!(
+                answers.len(),
+                1,
+                "caller {id} answered {} times",
+                answers.len()
+            );
+            if let Ok(results) = &answers[0] {
+                assert_eq!(
+                    results,
+                    &vec![id as u32 * 10],
+                    "caller {id}: another's results"
+                );
+                assert!(
+                    id == 0 || outcome == Outcome::Commits,
+                    "strict caller admitted"
+                );
+            }
+        }
+    });
+}
+
+#[test]
+fn an_open_entry_takes_fast_callers_and_leaves_strict_ones_queued() {
+    fast_first(Outcome::Commits);
+    fast_first(Outcome::Fails);
 }
 
 /// The proposer stops while two callers queue themselves: each caller is either taken by

@@ -13,9 +13,10 @@
 //!   committed state, which changes nothing: `deny_at_once`), so a strict admission is never
 //!   forgotten by a failover. The exception is a `fast` check, answered from the leader's
 //!   speculative state within its lease: with the pipeline full, the next entry stays open
-//!   and takes callers as they come, each take a part with its own shard time, so fast
-//!   callers do not wait for the entry ahead (unless the open entry is full or there is no
-//!   speculative copy). An entry whose callers were all answered early is held up to
+//!   and takes fast callers as they come, each take a part with its own shard time, so fast
+//!   callers do not wait for the entry ahead (unless the open entry is full, or there is no
+//!   speculative copy or lease: then they wait in the lane, as strict callers do, whose
+//!   deadline is checked when the pipeline has room and they are taken). An entry whose callers were all answered early is held up to
 //!   `fast_linger` after the last entry (or until `fast_batch` commands): fewer entries
 //!   under fast load, each costing every replica a WAL append and replication messages.
 //! - another node leads `g`: the commands are forwarded to it over the peer transport, in
@@ -1174,8 +1175,8 @@ impl Cluster {
         }
         let (reply, answer) = oneshot::channel();
         // Strict callers wait for the commit; fast ones may be answered from the leader's
-        // speculative state (see `propose_loop`).
-        let answer_early = fast;
+        // speculative state (see `propose_loop`); under the negative-control hook, all.
+        let answer_early = fast || self.config.hooks.unsafe_answer_before_commit;
         // Past `write_timeout` this waits no more (below) and its caller gets its
         // `on_unavailable` answer: no later decision, then, whatever the caller's deadline.
         let deadline = deadline.min(self.deadline_in(self.config.write_timeout));
@@ -1617,6 +1618,7 @@ async fn propose_loop(cluster: Arc<Cluster>, group: Arc<Group>) {
         if fast_linger == 0
             || !o.replies.all_answered()
             || o.batch.commands.len() >= fast_batch
+            || lane.any_strict()
             || group.handover_asked.load(Ordering::Relaxed)
         {
             return None;
@@ -1625,6 +1627,34 @@ async fn propose_loop(cluster: Arc<Cluster>, group: Arc<Group>) {
         let now = cluster.clock.monotonic();
         (now < until).then(|| until - now)
     };
+    // Whether this leader's lease holds for answers in `term`: a majority acknowledged an
+    // entry proposed less than `lease_ns` ago, and no waiver of it stands (`no_early_term`).
+    let lease_holds = |term: u64, no_early_term: u64| -> bool {
+        let lease_from = group.lease_from.load(Ordering::SeqCst);
+        unsafe_early
+            || (lease_from > 0
+                && cluster.clock.monotonic().saturating_sub(lease_from) < lease_ns
+                && no_early_term != term)
+    };
+    // Whether fast callers taken now would be answered at once: this node leads, its
+    // speculative copy is of the current term and still the log's, and the lease holds.
+    // Without pipeline room only then are they taken (`take_fast`), into the open entry: a
+    // caller there waits for the pipeline however long, past its deadline (it would be
+    // decided after its caller had the `on_unavailable` answer). Any other caller waits in
+    // the lane, and its deadline is checked when it is taken (`drop_expired`).
+    let early_now = |spec: &Option<Speculative>, no_early_term: u64| -> bool {
+        let term = {
+            let m = group.raft.metrics();
+            let m = m.borrow();
+            if m.state != ServerState::Leader {
+                return false;
+            }
+            m.current_term
+        };
+        spec.as_ref().is_some_and(|s| s.term == term)
+            && !group.spec_failed.load(Ordering::SeqCst)
+            && lease_holds(term, no_early_term)
+    };
     let mut last_proposed: Nanos = 0;
     // Callers and commands of the last round's entry (0 if it proposed none): what a
     // lingering entry waits for; and the callers of the entry before it.
@@ -1632,17 +1662,17 @@ async fn propose_loop(cluster: Arc<Cluster>, group: Arc<Group>) {
     let mut callers_before = 0usize;
     loop {
         // Wait for work: callers, taken into a new entry when the pipeline has room; with
-        // it full, into the open entry (opened for a fast caller: strict callers alone wait
-        // in the lane, so the next entry gathers everything that arrives meanwhile); or room
-        // for the open entry.
+        // it full, fast callers that are answered at once into the open entry (`early_now`;
+        // every other caller waits in the lane, so the next entry gathers everything that
+        // arrives meanwhile); or room for the open entry.
         //
         // An open entry whose callers were all answered early (fast checks) is held, pipeline
         // room or not, until `fast_linger` has passed since the last entry was proposed or it
         // holds `fast_batch` commands: no caller waits for it, and every entry costs each
         // replica a WAL append, a share of an fsync and replication messages whatever it
         // carries, so under fast load fewer, larger entries cost less CPU per decision
-        // (docs/benchmarks.md). Callers arriving meanwhile join it. A strict caller taken in
-        // ends the wait. At light load the last entry is long past: no wait.
+        // (docs/benchmarks.md). Fast callers arriving meanwhile join it. A strict caller in
+        // the lane ends the wait. At light load the last entry is long past: no wait.
         //
         // A handover asked of the proposer takes no callers: the open entry, if any, is
         // proposed, and then the handover runs (below).
@@ -1662,7 +1692,7 @@ async fn propose_loop(cluster: Arc<Cluster>, group: Arc<Group>) {
                 break permit;
             }
             let room = Open::room(&open, batch_max);
-            if waiting && room > 0 && (open.is_some() || lane.any_fast()) {
+            if waiting && room > 0 && lane.any_fast() && early_now(&spec, no_early_term) {
                 break None;
             }
             drop(permit);
@@ -1736,11 +1766,16 @@ async fn propose_loop(cluster: Arc<Cluster>, group: Arc<Group>) {
             }
         }
         let room = Open::room(&open, batch_max);
-        let pending = if room > 0 && !group.handover_asked.load(Ordering::Relaxed) {
-            drop_expired(&cluster, lane.take(room))
+        let pending = if room == 0 || group.handover_asked.load(Ordering::Relaxed) {
+            Vec::new()
+        } else if permit.is_some() {
+            lane.take(room)
+        } else if early_now(&spec, no_early_term) {
+            lane.take_fast(room)
         } else {
             Vec::new()
         };
+        let pending = drop_expired(&cluster, pending);
         let (term, is_leader, caught_up) = {
             let m = group.raft.metrics();
             let m = m.borrow();
@@ -1787,7 +1822,7 @@ async fn propose_loop(cluster: Arc<Cluster>, group: Arc<Group>) {
         } else {
             pending
         };
-        let any_fast = pending.iter().any(|p| p.fast || unsafe_early);
+        let any_fast = pending.iter().any(|p| p.fast);
         // The speculative state is (re)built only with nothing else in flight or open,
         // after the state machine has applied everything committed before this term's
         // entries and every entry in this node's log (`log_applied`: a leader restarted
@@ -1812,30 +1847,37 @@ async fn propose_loop(cluster: Arc<Cluster>, group: Arc<Group>) {
         }
         // The waits above (up to `unavailable_after` each) may have outlived deadlines.
         let pending = drop_expired(&cluster, pending);
-        // (Nothing to add if every caller was denied at once or waited past its deadline.)
-        if !pending.is_empty() {
+        // An entry the copy assumed has failed (its answer may come while an entry is
+        // open): the copy is no longer the log's.
+        if group.spec_failed.swap(false, Ordering::SeqCst) {
+            spec = None;
+        }
+        // The lease as of the answers, after the waits above (up to `unavailable_after` for
+        // a rebuilt copy, which can be longer than the lease).
+        let lease = lease_holds(term, no_early_term);
+        if permit.is_none() && !(lease && spec.is_some()) {
+            // Fast callers taken for the open entry that cannot be answered at once after
+            // all (the lease lapsed or the copy failed since `early_now`): not to wait in it
+            // for the pipeline, past their deadline. Nothing was decided; they ask again.
+            for p in pending {
+                answer(
+                    p.reply,
+                    Err(Proposal::NotSubmitted(
+                        "no pipeline room, and no early answer".into(),
+                    )),
+                );
+            }
+        } else if !pending.is_empty() {
+            // (Nothing to add if every caller was denied at once or waited past its deadline.)
             let mut replies = Replies::with_capacity(pending.len());
             let mut commands = Vec::new();
             for p in pending {
-                replies.add(p.commands.len(), p.fast || unsafe_early, p.reply);
+                replies.add(p.commands.len(), p.fast, p.reply);
                 commands.extend(p.commands);
-            }
-            // An entry the copy assumed has failed (its answer may come while an entry is
-            // open): the copy is no longer the log's.
-            if group.spec_failed.swap(false, Ordering::SeqCst) {
-                spec = None;
             }
             let mut part = Batch::at(now, commands);
             part.epoch = epoch(cluster.config.incarnation, term);
             let guessed = spec.as_mut().map(|s| s.state.apply(&part));
-            // The lease as of the answers, after the waits above (up to `unavailable_after`
-            // for a rebuilt copy, which can be longer than the lease).
-            let taken_at = cluster.clock.monotonic();
-            let lease_from = group.lease_from.load(Ordering::SeqCst);
-            let lease = unsafe_early
-                || (lease_from > 0
-                    && taken_at.saturating_sub(lease_from) < lease_ns
-                    && no_early_term != term);
             // Fast callers are answered now, from the speculative state, while the lease
             // holds (a leader cut off from its majority stops answering early within a
             // lease): whether the entry is proposed now or stays open until the pipeline

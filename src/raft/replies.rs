@@ -127,6 +127,44 @@ impl<P: Waiting> ProposerLane<P> {
         taken
     }
 
+    /// Takes waiting fast callers from the lane, up to about `max` commands (at least one
+    /// caller), in arrival order; strict callers stay, in their order. For an entry that is
+    /// not proposed yet (a full pipeline): a fast caller is answered at once, from the
+    /// speculative state, while a strict caller taken into it would wait for the pipeline
+    /// however long (past its deadline: it is decided after its caller was answered).
+    pub fn take_fast(&self, max: usize) -> Vec<P> {
+        let mut q = self.queue();
+        if q.fast == 0 {
+            return Vec::new();
+        }
+        let mut count = 0;
+        let mut full = false;
+        let mut taken = Vec::new();
+        let mut kept = Vec::with_capacity(q.callers.len());
+        for p in std::mem::take(&mut q.callers) {
+            // The first fast caller that does not fit ends the take: the rest keep their order.
+            full = full || (p.fast() && !taken.is_empty() && count + p.commands() > max);
+            let take = p.fast() && !full;
+            if take {
+                count += p.commands();
+                taken.push(p);
+            } else {
+                kept.push(p);
+            }
+        }
+        q.callers = kept;
+        q.fast -= taken.len();
+        let released = count as u64;
+        self.queued.fetch_sub(released, Ordering::Relaxed);
+        taken
+    }
+
+    /// Whether a strict caller waits in the lane.
+    pub fn any_strict(&self) -> bool {
+        let q = self.queue();
+        q.callers.len() > q.fast
+    }
+
     /// The proposer is gone: takes every caller still waiting, and refuses later ones.
     pub fn close(&self) -> Vec<P> {
         self.queue().closed = true;
@@ -238,7 +276,54 @@ impl<R> Replies<R> {
 
 #[cfg(test)]
 mod tests {
-    use super::Replies;
+    use super::{ProposerLane, Replies, Waiting};
+
+    /// (name, commands, fast)
+    struct C(&'static str, usize, bool);
+
+    impl Waiting for C {
+        fn commands(&self) -> usize {
+            self.1
+        }
+        fn fast(&self) -> bool {
+            self.2
+        }
+    }
+
+    fn names(cs: &[C]) -> Vec<&'static str> {
+        cs.iter().map(|c| c.0).collect()
+    }
+
+    /// `take_fast` (an open entry without pipeline room) passes strict callers over, keeps
+    /// the fast callers' order and stops at the first that does not fit (taking one at
+    /// least); what it leaves is taken by `take` in arrival order, counts intact.
+    #[test]
+    fn take_fast_leaves_strict_callers_in_order() {
+        let lane = ProposerLane::new();
+        let callers = [
+            C("s1", 1, false),
+            C("f1", 3, true),
+            C("s2", 2, false),
+            C("f2", 2, true),
+            C("f3", 1, true),
+        ];
+        for c in callers {
+            assert!(lane.reserve(c.1 as u64, 100));
+            assert!(lane.push(c).is_ok());
+        }
+        assert_eq!(
+            names(&lane.take_fast(4)),
+            ["f1"],
+            "f2 does not fit after f1"
+        );
+        assert_eq!(lane.queued(), 6);
+        assert_eq!(names(&lane.take_fast(1)), ["f2"], "one caller at least");
+        assert_eq!(names(&lane.take_fast(8)), ["f3"]);
+        assert!(lane.take_fast(8).is_empty() && !lane.any_fast() && lane.any_strict());
+        assert_eq!(names(&lane.take(8)), ["s1", "s2"]);
+        assert_eq!(lane.queued(), 0);
+        assert!(!lane.any_strict());
+    }
 
     /// `all_answered` is what holds a fast-only entry back (`fast_linger`): it must turn
     /// true only once every caller filed, appended ones included, has its answer.
