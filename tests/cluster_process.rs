@@ -779,6 +779,77 @@ async fn a_strict_check_does_not_wait_in_an_open_entry_past_its_deadline() {
     );
 }
 
+/// A member whose log a disk damaged (a byte flipped in the middle of it, in a record synced
+/// long before the last write) refuses to start: it names the damaged byte and the fix, and
+/// changes nothing on disk. Before sync marks it cut its log there, dropping the acknowledged
+/// entries and votes after it, and started.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_member_whose_log_was_damaged_refuses_to_start_and_says_why() {
+    let mut cluster = blocking(|| Cluster::start(3, &policies(), &[]));
+    let c = client(cluster.members[0].resp);
+    for i in 0..60 {
+        let key = format!("damage-{i}");
+        assert!(c.check(&[("count", &key, 1)], None).await.unwrap().allowed);
+    }
+    assert!(
+        blocking(|| cluster.stop(2)),
+        "member 3 did not stop cleanly"
+    );
+    let wal_dir = cluster.members[2].dir.join("wal");
+    let segment = std::fs::read_dir(&wal_dir)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .max()
+        .unwrap();
+    let mut bytes = std::fs::read(&segment).unwrap();
+    let at = bytes.len() / 2;
+    bytes[at] ^= 0x20;
+    std::fs::write(&segment, &bytes).unwrap();
+    let mut child = cluster
+        .command(2)
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let started = Instant::now();
+    let status = loop {
+        if let Some(status) = child.try_wait().unwrap() {
+            break status;
+        }
+        if started.elapsed() > Duration::from_secs(30) {
+            let _ = child.kill();
+            panic!(
+                "member 3 started on a damaged log ({} bytes, byte {at} flipped)",
+                bytes.len()
+            );
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    let mut err = String::new();
+    std::io::Read::read_to_string(&mut child.stderr.take().unwrap(), &mut err).unwrap();
+    eprintln!(
+        "member 3, byte {at} of {} flipped: {status}: {err}",
+        bytes.len()
+    );
+    assert!(!status.success());
+    assert!(
+        err.contains("is damaged") && err.contains("replace the node"),
+        "{err}"
+    );
+    assert_eq!(
+        std::fs::read(&segment).unwrap(),
+        bytes,
+        "the log was changed"
+    );
+    // The other two decide on.
+    assert!(
+        c.check(&[("count", "after", 1)], None)
+            .await
+            .unwrap()
+            .allowed
+    );
+}
+
 /// Three members with slow elections, each with `--test-hold-wal-while {dir}.hold`: the
 /// settled leader of `key`'s shard (`settled_leader`), a client of it, and the path of its
 /// hold file (while that exists its WAL writes and syncs nothing; reading `fail`, it fails

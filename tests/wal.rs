@@ -10,8 +10,12 @@ use std::sync::Arc;
 use proptest::prelude::*;
 use quorate::wal::{Record, Wal, WalOptions, SEGMENT_NAME};
 
-/// Frame (8) + group (8) + kind (1) bytes around each record's bytes.
-const OVERHEAD: u64 = 17;
+/// Frame (8) + group (8) + kind (1) bytes around each record's bytes, and the sync mark
+/// (33 bytes) that begins each write: every append here is a write of its own.
+const OVERHEAD: u64 = 17 + MARK;
+
+/// A sync mark's framed length.
+const MARK: u64 = 33;
 
 fn rec(group: u64, kind: u8, bytes: &[u8]) -> Record {
     Record {
@@ -216,16 +220,56 @@ async fn without_preallocation_each_append_grows_the_file() {
     assert_eq!(file_len(dir.path()), encoded_len(&sample()));
 }
 
+/// A record damaged after it was synced (a later write's mark says so) is not a torn tail:
+/// the log is refused, with the offsets, and nothing is cut. Before sync marks, the log was
+/// cut there and the fourth record, acknowledged, silently lost.
 #[tokio::test]
-async fn a_flipped_payload_byte_ends_the_log_at_that_record() {
+async fn a_flipped_byte_in_a_synced_record_refuses_the_log_and_cuts_nothing() {
     let dir = tempfile::tempdir().unwrap();
     write_log(dir.path(), &sample()).await;
     let mut bytes = std::fs::read(segment(dir.path())).unwrap();
-    let inside_third = encoded_len(&sample()[..2]) as usize + 8 + 9 + 100;
-    bytes[inside_third] ^= 0x01;
+    let third = encoded_len(&sample()[..2]);
+    // In the third record's payload; then in its write's sync mark.
+    for (at, bad) in [(third + MARK + 17 + 100, third + MARK), (third + 20, third)] {
+        let mut damaged = bytes.clone();
+        damaged[at as usize] ^= 0x01;
+        std::fs::write(segment(dir.path()), &damaged).unwrap();
+        let err = Wal::open(dir.path())
+            .err()
+            .expect("a damaged synced log opened");
+        assert_eq!(err.kind(), std::io::ErrorKind::InvalidData);
+        let message = err.to_string();
+        assert!(
+            message.contains(&format!("record at byte {bad} is damaged"))
+                && message.contains("replace the node"),
+            "{message}"
+        );
+        assert_eq!(
+            std::fs::read(segment(dir.path())).unwrap(),
+            damaged,
+            "the log was changed"
+        );
+    }
+    // The first write's mark too: a segment begins with a write.
+    bytes[3] ^= 0x40;
     std::fs::write(segment(dir.path()), &bytes).unwrap();
-    // The fourth record is intact, but it sits after the corruption: the log ends at the third.
-    assert_recovers_prefix(dir.path(), 2).await;
+    assert!(
+        Wal::open(dir.path()).is_err(),
+        "a damaged first mark was cut as torn"
+    );
+}
+
+/// The same flip in the last write (after which nothing says it was synced) is a torn tail:
+/// the log ends before that write.
+#[tokio::test]
+async fn a_flipped_byte_in_the_last_write_ends_the_log_before_it() {
+    let dir = tempfile::tempdir().unwrap();
+    write_log(dir.path(), &sample()).await;
+    let mut bytes = std::fs::read(segment(dir.path())).unwrap();
+    let inside_fourth = encoded_len(&sample()[..3]) + MARK + 17 + 3;
+    bytes[inside_fourth as usize] ^= 0x01;
+    std::fs::write(segment(dir.path()), &bytes).unwrap();
+    assert_recovers_prefix(dir.path(), 3).await;
 }
 
 #[tokio::test]
@@ -426,6 +470,36 @@ proptest! {
         let (_wal, found) = Wal::open(dir.path()).unwrap();
         prop_assert_eq!(&found[..], &records[..fit]);
         prop_assert_eq!(file_len(dir.path()), encoded_len(&records[..fit]));
+    }
+
+    /// Synced appends (a write each): a flipped byte in any write but the last refuses the
+    /// log and leaves it as it was; in the last, the log ends before that write.
+    #[test]
+    fn a_flipped_byte_in_a_synced_log_is_refused_unless_in_its_last_write(
+        records in records().prop_filter("needs a record", |r| !r.is_empty()),
+        at_fraction in 0.0f64..1.0,
+        mask in 1u8..=255,
+    ) {
+        let dir = tempfile::tempdir().unwrap();
+        runtime().block_on(async {
+            let (wal, _) = Wal::open(dir.path()).unwrap();
+            append_all(&wal, &records).await;
+        });
+        let mut bytes = std::fs::read(segment(dir.path())).unwrap();
+        let at = ((bytes.len() as f64) * at_fraction) as usize;
+        bytes[at] ^= mask;
+        std::fs::write(segment(dir.path()), &bytes).unwrap();
+        let write = (0..records.len())
+            .find(|&n| encoded_len(&records[..=n]) > at as u64)
+            .unwrap_or(records.len());
+        let opened = Wal::open(dir.path());
+        if write + 1 < records.len() {
+            prop_assert!(opened.is_err(), "write {} of {} damaged, opened", write, records.len());
+            prop_assert_eq!(std::fs::read(segment(dir.path())).unwrap(), bytes);
+        } else {
+            let (_wal, found) = opened.unwrap();
+            prop_assert_eq!(&found[..], &records[..write]);
+        }
     }
 
     #[test]

@@ -18,8 +18,10 @@
 //! - Completions come in queue order, and one sync covers everything written before it, so a
 //!   completed submission vouches for every earlier one: the log on disk is always a *prefix*
 //!   of the submission stream.
-//! - A submission's records are written contiguously, in order. A crash can cut it: recovery
-//!   keeps the intact records before the cut (a prefix of the submission, never a gap).
+//! - A submission's records are written contiguously, in order, in one write. A crash can
+//!   cut the writes after the last sync: recovery drops a cut write whole (its sync mark gives
+//!   its length), so a submission survives whole or not at all; and it refuses a log whose
+//!   damaged record a later write's mark says was synced (see [`recover`]).
 //! - [`Wal::open`] returns every intact record in append order and truncates a torn or corrupt
 //!   tail (see [`recover`]). Records are opaque: a group id, a kind byte and bytes.
 //!
@@ -193,8 +195,8 @@ pub struct Batch {
 }
 
 impl Batch {
-    /// Adds a record. Refuses (`InvalidInput`) a payload over `max_record_bytes` and the
-    /// checkpoint marker's exact record.
+    /// Adds a record. Refuses (`InvalidInput`) a payload over `max_record_bytes`, the
+    /// checkpoint marker's exact record, and the sync marks' group and kind.
     pub fn push(&mut self, group: u64, kind: u8, bytes: &[u8]) -> io::Result<()> {
         let max = self.max_record_bytes;
         if payload_len(bytes.len()).filter(|&len| len <= max).is_none() {
@@ -210,6 +212,12 @@ impl Batch {
             return Err(io::Error::new(
                 io::ErrorKind::InvalidInput,
                 "the wal reserves this record as its checkpoint marker",
+            ));
+        }
+        if group == record::WAL_GROUP && kind == record::SYNC_MARK_KIND {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidInput,
+                "the wal reserves this group and kind for its sync marks",
             ));
         }
         encode_into(&mut self.frames, group, kind, bytes);

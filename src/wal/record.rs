@@ -72,6 +72,64 @@ impl Header {
     }
 }
 
+/// The group of the WAL's own records (no shard has this id): the checkpoint marker (see
+/// `segment`) and sync marks.
+pub const WAL_GROUP: u64 = u64::MAX;
+
+/// The kind of a sync mark; a caller's record of [`WAL_GROUP`] and this kind is refused.
+pub const SYNC_MARK_KIND: u8 = 0xFE;
+
+/// A sync mark's framed length: frame header, payload header, two `u64`.
+pub const SYNC_MARK_LEN: usize = FRAME_HEADER + PAYLOAD_HEADER + 16;
+
+/// The first record of every write the writer makes (and of every checkpoint): how long the
+/// write is, itself included, and how far the segment had been synced before it. Recovery
+/// uses them to tell a torn write from damage to what was synced (see `recover`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct SyncMark {
+    /// Bytes of the write it starts, the mark included.
+    pub len: u64,
+    /// Every byte of the segment before this offset had been synced when the write began.
+    pub synced: u64,
+}
+
+impl SyncMark {
+    /// The framed record.
+    pub fn encode(&self) -> [u8; SYNC_MARK_LEN] {
+        let mut bytes = [0u8; 16];
+        bytes[..8].copy_from_slice(&self.len.to_le_bytes());
+        bytes[8..].copy_from_slice(&self.synced.to_le_bytes());
+        let mut out = Vec::with_capacity(SYNC_MARK_LEN);
+        encode_into(&mut out, WAL_GROUP, SYNC_MARK_KIND, &bytes);
+        let mut framed = [0u8; SYNC_MARK_LEN];
+        framed.copy_from_slice(&out);
+        framed
+    }
+
+    /// The mark `record` is, if it is one.
+    pub fn of(record: &Record) -> Option<SyncMark> {
+        if record.group != WAL_GROUP || record.kind != SYNC_MARK_KIND {
+            return None;
+        }
+        let bytes: &[u8; 16] = record.bytes.as_slice().try_into().ok()?;
+        let (len, synced) = bytes.split_at(8);
+        Some(SyncMark {
+            len: u64::from_le_bytes(len.try_into().ok()?),
+            synced: u64::from_le_bytes(synced.try_into().ok()?),
+        })
+    }
+
+    /// The mark framed in `raw`, if it holds an intact one.
+    pub fn parse(raw: &[u8; SYNC_MARK_LEN]) -> Option<SyncMark> {
+        let (head, payload) = raw.split_at(FRAME_HEADER);
+        let header = Header::parse(head.try_into().ok()?);
+        if header.len as usize != SYNC_MARK_LEN - FRAME_HEADER {
+            return None;
+        }
+        SyncMark::of(&decode_payload(header, payload.to_vec())?)
+    }
+}
+
 /// Checks a payload against its header and splits it into a [`Record`]; `None` if corrupt.
 pub fn decode_payload(header: Header, mut payload: Vec<u8>) -> Option<Record> {
     if payload.len() != header.len as usize || crc32fast::hash(&payload) != header.crc {
@@ -106,6 +164,24 @@ mod tests {
                 bytes: b"hello".to_vec()
             }
         );
+    }
+
+    #[test]
+    fn a_sync_mark_round_trips_and_a_flipped_bit_is_no_mark() {
+        let mark = SyncMark {
+            len: 4133,
+            synced: 1 << 40,
+        };
+        let mut raw = mark.encode();
+        assert_eq!(SyncMark::parse(&raw), Some(mark));
+        raw[SYNC_MARK_LEN - 1] ^= 1;
+        assert_eq!(SyncMark::parse(&raw), None);
+        let other = Record {
+            group: WAL_GROUP,
+            kind: SYNC_MARK_KIND - 1,
+            bytes: vec![0; 16],
+        };
+        assert_eq!(SyncMark::of(&other), None);
     }
 
     #[test]

@@ -8,6 +8,22 @@
 //! garbage. An I/O *error* while reading is returned, never mistaken for a torn tail: cutting
 //! the file because of a transient EIO would delete acknowledged records.
 //!
+//! Torn or damaged? A crash can tear only what was written after the last sync. Every write
+//! the writer makes begins with a sync mark ([`SyncMark`]): the write's length, and how far
+//! the segment had been synced before it. At a bad record, recovery finds the end of the
+//! write holding it (by that write's mark; for a bad mark, by reading on record by record
+//! from the mark's fixed length) and follows the marks of the writes after it, each at the
+//! offset the one before gives. A mark saying the segment had been synced past the bad record
+//! proves it was durable, so a disk damaged it since; cutting there would silently drop
+//! acknowledged entries and votes that the rest of the cluster counts on (a node that forgets
+//! its vote can vote twice in a term). The log is then refused with an error naming the
+//! offsets, and nothing is cut. Otherwise (no later mark says so: the writes after the last
+//! sync, a log written before sync marks, a second bad record) the bad record is a torn tail,
+//! and the log is cut at the start of the write holding it (nothing in a write that was not
+//! synced was acknowledged), so it always ends where a write ended and the marks' lengths
+//! keep leading to marks. Marks are read only where a length leads: a record's bytes (which
+//! a client chooses, through its keys) are never taken for a mark.
+//!
 //! Memory: one payload buffer at a time, at most the configured maximum, and only after the
 //! file is known to be long enough to hold it. The returned records are the whole segment;
 //! compaction (see [`super`]) keeps a segment near the size of the live state.
@@ -15,7 +31,9 @@
 use std::fs::File;
 use std::io::{self, BufReader, Read, Seek, SeekFrom};
 
-use super::record::{decode_payload, Header, Record, FRAME_HEADER};
+use std::os::unix::fs::FileExt;
+
+use super::record::{decode_payload, Header, Record, SyncMark, FRAME_HEADER, SYNC_MARK_LEN};
 
 /// What recovery found.
 #[derive(Debug)]
@@ -35,6 +53,8 @@ pub enum Torn {
     AbsurdLength(u32),
     ShortPayload,
     BadChecksum,
+    /// The file ends inside a write (by its sync mark's length).
+    ShortWrite,
 }
 
 /// What a read-only scan of one segment found; [`cut_tail`] then makes it the file's length.
@@ -56,7 +76,53 @@ pub fn scan_file(file: &File, max_payload: u32) -> io::Result<Scanned> {
     let file_len = file.metadata()?.len();
     let mut reader = file;
     reader.seek(SeekFrom::Start(0))?;
-    let (records, valid_len, torn) = scan(&mut BufReader::new(reader), file_len, max_payload)?;
+    let Scan {
+        mut records,
+        bad,
+        torn,
+        write,
+    } = scan(&mut BufReader::new(reader), file_len, max_payload)?;
+    let mut valid_len = bad;
+    // A segment's first byte begins a write (a bad first mark, then, is a mark).
+    let write = write.or((bad == 0).then_some(Write {
+        start: 0,
+        end: 0,
+        records_before: 0,
+    }));
+    if let (Some(why), Some(w)) = (torn, write) {
+        // The write the bad record is in (or, if it begins one, whose mark it is).
+        let next = if bad < w.end {
+            Some(w.end)
+        } else {
+            // The bad record is a write's mark: a mark's length is fixed, and the write's
+            // records follow it, each at the offset the one before gives, up to the next mark.
+            next_mark(file, bad + SYNC_MARK_LEN as u64, file_len, max_payload)?
+        };
+        let proof = match next {
+            Some(at) => synced_past(file, at, bad, file_len)?,
+            None => None,
+        };
+        if let Some(mark_at) = proof {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidData,
+                format!(
+                    "wal: the record at byte {bad} is damaged ({why:?}), and the write at byte \
+                     {mark_at} says the log was synced past it: a disk damaged durable records, \
+                     this is not a torn write. Nothing was cut ({} bytes follow). This node's \
+                     log cannot be trusted: replace the node (a fresh id and an empty data \
+                     directory; docs/operations.md, \"Replacing a failed member\")",
+                    file_len - bad
+                ),
+            ));
+        }
+        if bad < w.end {
+            // A torn write goes whole, its mark too (it was not synced, so nothing in it was
+            // acknowledged): the log then ends at a write's end, where the next one's mark
+            // goes, and every mark's length still leads to the next mark.
+            valid_len = w.start;
+            records.truncate(w.records_before);
+        }
+    }
     Ok(Scanned {
         records,
         valid_len,
@@ -120,40 +186,127 @@ pub fn recover(file: &mut File, max_payload: u32) -> io::Result<Recovered> {
     })
 }
 
-/// Reads records until the end or the first bad one; returns them, the intact length, and why
-/// it stopped early (if it did).
-fn scan(
-    reader: &mut impl Read,
-    file_len: u64,
-    max_payload: u32,
-) -> io::Result<(Vec<Record>, u64, Option<Torn>)> {
+/// The last write a scan entered, by its sync mark.
+#[derive(Debug, Clone, Copy)]
+struct Write {
+    start: u64,
+    end: u64,
+    /// Records (not marks) before it.
+    records_before: usize,
+}
+
+/// What [`scan`] read.
+struct Scan {
+    /// The intact records before `bad`, without sync marks.
+    records: Vec<Record>,
+    /// The offset of the first bad record (the end, if none).
+    bad: u64,
+    /// Why it stopped early, if it did.
+    torn: Option<Torn>,
+    /// The write it stopped in or right after (by the last sync mark read; `None` in a log
+    /// without marks).
+    write: Option<Write>,
+}
+
+/// Reads records until the end or the first bad one.
+fn scan(reader: &mut impl Read, file_len: u64, max_payload: u32) -> io::Result<Scan> {
     let mut records = Vec::new();
     let mut offset = 0u64;
-    loop {
+    let mut write: Option<Write> = None;
+    let stopped = loop {
         let mut raw = [0u8; FRAME_HEADER];
         match read_up_to(reader, &mut raw)? {
-            0 => return Ok((records, offset, None)),
+            0 if write.is_some_and(|w| w.end > offset) => break Torn::ShortWrite,
+            0 => {
+                return Ok(Scan {
+                    records,
+                    bad: offset,
+                    torn: None,
+                    write: None,
+                })
+            }
             FRAME_HEADER => {}
-            _ => return Ok((records, offset, Some(Torn::ShortHeader))),
+            _ => break Torn::ShortHeader,
         }
         let header = Header::parse(raw);
         if !header.plausible(max_payload) {
-            return Ok((records, offset, Some(Torn::AbsurdLength(header.len))));
+            break Torn::AbsurdLength(header.len);
         }
         let end = offset + FRAME_HEADER as u64 + u64::from(header.len);
         if end > file_len {
-            return Ok((records, offset, Some(Torn::ShortPayload)));
+            break Torn::ShortPayload;
         }
         let mut payload = vec![0u8; header.len as usize];
         if read_up_to(reader, &mut payload)? != payload.len() {
-            return Ok((records, offset, Some(Torn::ShortPayload)));
+            break Torn::ShortPayload;
         }
         match decode_payload(header, payload) {
-            Some(record) => records.push(record),
-            None => return Ok((records, offset, Some(Torn::BadChecksum))),
+            Some(record) => match SyncMark::of(&record) {
+                Some(mark) => {
+                    write = Some(Write {
+                        start: offset,
+                        end: offset.saturating_add(mark.len),
+                        records_before: records.len(),
+                    })
+                }
+                None => records.push(record),
+            },
+            None => break Torn::BadChecksum,
         }
         offset = end;
+    };
+    // A write that ended before the stop without a mark after it: not a log of marks there.
+    Ok(Scan {
+        records,
+        bad: offset,
+        torn: Some(stopped),
+        write: write.filter(|w| w.end >= offset),
+    })
+}
+
+/// The offset of the first sync mark at or after `at`, reading record by record (each at the
+/// offset the one before gives), if every record up to it is intact.
+fn next_mark(file: &File, mut at: u64, file_len: u64, max_payload: u32) -> io::Result<Option<u64>> {
+    loop {
+        let mut raw = [0u8; FRAME_HEADER];
+        if at.saturating_add(FRAME_HEADER as u64) > file_len {
+            return Ok(None);
+        }
+        file.read_exact_at(&mut raw, at)?;
+        let header = Header::parse(raw);
+        let end = at + FRAME_HEADER as u64 + u64::from(header.len);
+        if !header.plausible(max_payload) || end > file_len {
+            return Ok(None);
+        }
+        let mut payload = vec![0u8; header.len as usize];
+        file.read_exact_at(&mut payload, at + FRAME_HEADER as u64)?;
+        match decode_payload(header, payload) {
+            Some(record) if SyncMark::of(&record).is_some() => return Ok(Some(at)),
+            Some(_) => at = end,
+            None => return Ok(None),
+        }
     }
+}
+
+/// Follows the writes after a bad record at `bad` from the mark at `at`, mark by mark: the
+/// offset of the first mark saying the segment had been synced past `bad`, if one is reached.
+/// Stops at the first offset without an intact mark.
+fn synced_past(file: &File, mut at: u64, bad: u64, file_len: u64) -> io::Result<Option<u64>> {
+    while at.saturating_add(SYNC_MARK_LEN as u64) <= file_len {
+        let mut raw = [0u8; SYNC_MARK_LEN];
+        file.read_exact_at(&mut raw, at)?;
+        let Some(mark) = SyncMark::parse(&raw) else {
+            return Ok(None);
+        };
+        if mark.synced > bad {
+            return Ok(Some(at));
+        }
+        if mark.len < SYNC_MARK_LEN as u64 {
+            return Ok(None);
+        }
+        at = at.saturating_add(mark.len);
+    }
+    Ok(None)
 }
 
 /// Fills `buf` as far as the reader allows; returns how many bytes it got (short only at EOF).

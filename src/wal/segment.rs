@@ -12,11 +12,11 @@ use std::fs::{File, OpenOptions};
 use std::io::{self, Write};
 use std::path::{Path, PathBuf};
 
-use super::record::{encode_into, payload_len, Record};
+use super::record::{encode_into, payload_len, Record, SyncMark, SYNC_MARK_LEN, WAL_GROUP};
 use super::recover::{cut_tail, scan_file};
 
 /// The group of the checkpoint marker (no shard has this id).
-pub const MARKER_GROUP: u64 = u64::MAX;
+pub const MARKER_GROUP: u64 = WAL_GROUP;
 /// The kind of the checkpoint marker.
 pub const MARKER_KIND: u8 = 0xFF;
 /// The checkpoint marker's bytes; a caller's record that matches all three is refused.
@@ -85,7 +85,8 @@ pub fn open_newest(dir: &Path, max_payload: u32) -> io::Result<Opened> {
     for &seq in &seqs {
         let path = dir.join(segment_name(seq));
         let mut file = open_rw(&path, false)?;
-        let scanned = scan_file(&file, max_payload)?;
+        let scanned = scan_file(&file, max_payload)
+            .map_err(|e| io::Error::new(e.kind(), format!("{}: {e}", path.display())))?;
         let marker_at = scanned
             .records
             .iter()
@@ -98,6 +99,9 @@ pub fn open_newest(dir: &Path, max_payload: u32) -> io::Result<Opened> {
             continue;
         }
         cut_tail(&mut file, &scanned)?;
+        // What it holds may be only in the page cache (a process killed, not the machine):
+        // synced now, the writer's next sync mark can say all of it was.
+        file.sync_data()?;
         let len = scanned.valid_len;
         let mut records = scanned.records;
         if let Some(at) = marker_at.filter(|_| seq > 1) {
@@ -136,7 +140,10 @@ pub fn write_checkpoint(
     max_payload: u32,
     sync: bool,
 ) -> io::Result<(File, PathBuf, u64)> {
-    let mut buf = Vec::new();
+    // Its first record a sync mark covering the whole checkpoint: appends follow with
+    // marks saying it was synced, so damage inside it reads as damage, not as a segment cut
+    // short (which would send recovery back to the older segment, without those appends).
+    let mut buf = vec![0u8; SYNC_MARK_LEN];
     for record in records {
         if is_checkpoint_marker(record.group, record.kind, &record.bytes) {
             return Err(io::Error::new(
@@ -157,6 +164,11 @@ pub fn write_checkpoint(
         encode_into(&mut buf, record.group, record.kind, &record.bytes);
     }
     encode_into(&mut buf, MARKER_GROUP, MARKER_KIND, MARKER_BYTES);
+    let mark = SyncMark {
+        len: buf.len() as u64,
+        synced: 0,
+    };
+    buf[..SYNC_MARK_LEN].copy_from_slice(&mark.encode());
     let path = dir.join(segment_name(seq));
     let mut file = open_rw(&path, true)?;
     file.write_all(&buf)?;

@@ -28,6 +28,7 @@ use std::thread::JoinHandle;
 
 use tokio::sync::{mpsc, oneshot, OwnedSemaphorePermit};
 
+use super::record::{SyncMark, SYNC_MARK_LEN};
 use super::segment;
 use super::SnapshotSource;
 
@@ -218,6 +219,9 @@ struct Writer {
     /// The file system refused `O_DIRECT` (at open or on a write): not tried again, not even
     /// for the next segment.
     direct_refused: bool,
+    /// Every byte of the current segment before this offset is synced: what the next
+    /// write's sync mark says (see [`super::recover`]).
+    synced: u64,
 }
 
 /// Zeros written per call when extending a segment.
@@ -241,6 +245,8 @@ impl Writer {
             cache: Vec::new(),
             direct: None,
             direct_refused: false,
+            // The segment was synced as recovery opened it.
+            synced: allocated,
         };
         writer.open_direct();
         writer
@@ -375,6 +381,7 @@ impl Writer {
     /// `volatile` cache, and trims the zero-filled room.
     fn close(&mut self, batch: &mut Vec<u8>) {
         batch.clear();
+        batch.resize(SYNC_MARK_LEN, 0);
         if self.poisoned.is_none() && self.shared.take_deferred(batch) {
             if let Err(e) = self.write_deferred(batch) {
                 // Poisoned, `trim` leaves the file alone (recovery cuts what was torn).
@@ -385,10 +392,11 @@ impl Writer {
         self.trim();
     }
 
-    fn write_deferred(&mut self, batch: &[u8]) -> io::Result<()> {
+    fn write_deferred(&mut self, batch: &mut [u8]) -> io::Result<()> {
         self.write_out(batch)?;
         if self.settings.sync && !self.settings.volatile {
             self.segment.file.sync_data()?;
+            self.synced = self.segment.len;
         }
         Ok(())
     }
@@ -411,6 +419,8 @@ impl Writer {
 
     fn write_batch(&mut self, batch: &mut Vec<u8>, waiting: &[Request]) -> io::Result<()> {
         batch.clear();
+        // Room for the sync mark, filled in by `write_out`.
+        batch.resize(SYNC_MARK_LEN, 0);
         for request in waiting {
             batch.extend_from_slice(&request.frames);
         }
@@ -435,6 +445,9 @@ impl Writer {
         if self.settings.sync && waiting.iter().any(|r| r.sync) {
             self.segment.file.sync_data()?;
             stats.syncs.fetch_add(1, Ordering::Relaxed);
+            if !self.settings.volatile {
+                self.synced = self.segment.len;
+            }
         }
         stats
             .appends
@@ -443,8 +456,15 @@ impl Writer {
     }
 
     /// Appends `batch` at the end of the segment (into the `volatile` cache in that mode),
-    /// extending the zero-filled room first if needed. No sync.
-    fn write_out(&mut self, batch: &[u8]) -> io::Result<()> {
+    /// extending the zero-filled room first if needed. No sync. Its first `SYNC_MARK_LEN`
+    /// bytes are the room for its sync mark: filled in here.
+    fn write_out(&mut self, batch: &mut [u8]) -> io::Result<()> {
+        let mark = SyncMark {
+            len: batch.len() as u64,
+            synced: self.synced,
+        };
+        batch[..SYNC_MARK_LEN].copy_from_slice(&mark.encode());
+        let batch: &[u8] = batch;
         let end = self.segment.len + batch.len() as u64;
         if self.preallocating() && end > self.allocated {
             self.extend(end)?;
@@ -557,6 +577,8 @@ impl Writer {
             .lock()
             .unwrap_or_else(PoisonError::into_inner) = path;
         self.base_len = len;
+        // The checkpoint was synced whole before the switch (unless syncs are off).
+        self.synced = if self.settings.sync { len } else { 0 };
         self.allocated = len;
         self.open_direct();
         self.next_compaction_at = self.settings.compact_bytes;

@@ -82,16 +82,13 @@ impl Cluster {
             .join(",")
     }
 
-    /// Starts member `i` (0-based) again, on its ports and data directory.
-    pub fn spawn(&mut self, i: usize) {
+    /// The command that runs member `i` (0-based), on its ports and data directory; its
+    /// stdout and stderr are the caller's to set.
+    pub fn command(&self, i: usize) -> Command {
         let peers = self.peers();
-        let m = &mut self.members[i];
-        let log = std::fs::File::options()
-            .create(true)
-            .append(true)
-            .open(m.dir.with_extension("log"))
-            .unwrap();
-        let child = Command::new(env!("CARGO_BIN_EXE_quorate"))
+        let m = &self.members[i];
+        let mut command = Command::new(env!("CARGO_BIN_EXE_quorate"));
+        command
             .arg("node")
             .args(["--id", &m.id.to_string(), "--peers", &peers])
             .args(["--http-addr", &m.http.to_string()])
@@ -107,11 +104,24 @@ impl Cluster {
                     .map(|a| a.replace("{dir}", &m.dir.to_string_lossy())),
             )
             .env("QUORATE_CLUSTER_SECRET", SECRET)
-            .env("QUORATE_LOG", "warn,quorate=info")
+            .env("QUORATE_LOG", "warn,quorate=info");
+        command
+    }
+
+    /// Starts member `i` (0-based) again, on its ports and data directory.
+    pub fn spawn(&mut self, i: usize) {
+        let log = std::fs::File::options()
+            .create(true)
+            .append(true)
+            .open(self.members[i].dir.with_extension("log"))
+            .unwrap();
+        let child = self
+            .command(i)
             .stdout(Stdio::piped())
             .stderr(log)
             .spawn()
             .expect("quorate starts");
+        let m = &mut self.members[i];
         m.child = Some(child);
         // The first stdout line says the node is serving.
         let mut line = String::new();
