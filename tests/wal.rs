@@ -55,13 +55,14 @@ async fn append_all(wal: &Wal, records: &[Record]) {
     }
 }
 
-/// Writes `records` into a fresh log in `dir` and closes it.
+/// Writes `records` into a fresh log in `dir` and closes it: the records, each a write of its
+/// own, then the closing write of a sync mark alone.
 async fn write_log(dir: &Path, records: &[Record]) {
     let (wal, found) = Wal::open(dir).unwrap();
     assert!(found.is_empty());
     append_all(&wal, records).await;
     drop(wal);
-    assert_eq!(file_len(dir), encoded_len(records));
+    assert_eq!(file_len(dir), encoded_len(records) + MARK);
 }
 
 fn unsynced() -> WalOptions {
@@ -92,12 +93,14 @@ async fn appends_after_a_reopen_follow_the_recovered_records() {
 }
 
 /// Damages a closed log, then checks that opening it returns `intact` records, cuts the file to
-/// exactly their length, and that a new append lands cleanly after them.
-async fn assert_recovers_prefix(dir: &Path, intact: usize) {
+/// exactly their length (and the closing mark's after them, if `sealed`), and that a new
+/// append lands cleanly after them.
+async fn assert_recovers_prefix(dir: &Path, intact: usize, sealed: bool) {
     let expected = &sample()[..intact];
     let (wal, found) = Wal::open(dir).unwrap();
     assert_eq!(found, expected);
-    assert_eq!(file_len(dir), encoded_len(expected), "tail not truncated");
+    let len = encoded_len(expected) + if sealed { MARK } else { 0 };
+    assert_eq!(file_len(dir), len, "tail not truncated");
     wal.append(9, 9, b"after recovery").await.unwrap();
     drop(wal);
     let (_wal, found) = Wal::open(dir).unwrap();
@@ -110,14 +113,14 @@ async fn assert_recovers_prefix(dir: &Path, intact: usize) {
 async fn a_log_cut_inside_its_last_payload_keeps_the_records_before_it() {
     let dir = tempfile::tempdir().unwrap();
     write_log(dir.path(), &sample()).await;
-    let cut = file_len(dir.path()) - 3;
+    let cut = encoded_len(&sample()) - 3;
     OpenOptions::new()
         .write(true)
         .open(segment(dir.path()))
         .unwrap()
         .set_len(cut)
         .unwrap();
-    assert_recovers_prefix(dir.path(), 3).await;
+    assert_recovers_prefix(dir.path(), 3, false).await;
 }
 
 #[tokio::test]
@@ -131,7 +134,7 @@ async fn a_log_cut_inside_a_header_keeps_the_records_before_it() {
         .unwrap()
         .set_len(cut)
         .unwrap();
-    assert_recovers_prefix(dir.path(), 3).await;
+    assert_recovers_prefix(dir.path(), 3, false).await;
 }
 
 #[tokio::test]
@@ -145,7 +148,7 @@ async fn garbage_after_the_last_record_is_truncated() {
     file.write_all(b"\x13\x00\x00\x00garbage that is not a record")
         .unwrap();
     drop(file);
-    assert_recovers_prefix(dir.path(), 4).await;
+    assert_recovers_prefix(dir.path(), 4, true).await;
 }
 
 #[tokio::test]
@@ -158,7 +161,7 @@ async fn a_zero_filled_tail_is_truncated_not_read_as_empty_records() {
         .unwrap();
     file.set_len(file_len(dir.path()) + 4096).unwrap();
     drop(file);
-    assert_recovers_prefix(dir.path(), 4).await;
+    assert_recovers_prefix(dir.path(), 4, true).await;
 }
 
 /// Copies the open log's segment elsewhere, as a crash at this moment would leave it.
@@ -202,9 +205,9 @@ async fn the_segment_is_zero_filled_ahead_so_syncs_leave_its_size_alone() {
     let (_again, found) = Wal::open_with(copy.path(), options).unwrap();
     assert_eq!(found.len(), written.len() + 1);
     assert_eq!(found.last(), Some(&rec(3, 3, b"after the crash")));
-    // A clean close trims the room: the file ends at its last record.
+    // A clean close trims the room: the file ends at its closing mark.
     drop(wal);
-    assert_eq!(file_len(dir.path()), encoded_len(&written));
+    assert_eq!(file_len(dir.path()), encoded_len(&written) + MARK);
 }
 
 #[tokio::test]
@@ -259,17 +262,30 @@ async fn a_flipped_byte_in_a_synced_record_refuses_the_log_and_cuts_nothing() {
     );
 }
 
-/// The same flip in the last write (after which nothing says it was synced) is a torn tail:
-/// the log ends before that write.
+/// The same flip in the last write of a log that did not close (a crash: nothing after that
+/// write says it was synced) is a torn tail: the log ends before that write. After a clean
+/// close, the closing mark says it was: refused.
 #[tokio::test]
-async fn a_flipped_byte_in_the_last_write_ends_the_log_before_it() {
+async fn a_flipped_byte_in_the_last_write_ends_the_log_before_it_unless_closed() {
     let dir = tempfile::tempdir().unwrap();
-    write_log(dir.path(), &sample()).await;
-    let mut bytes = std::fs::read(segment(dir.path())).unwrap();
-    let inside_fourth = encoded_len(&sample()[..3]) + MARK + 17 + 3;
-    bytes[inside_fourth as usize] ^= 0x01;
-    std::fs::write(segment(dir.path()), &bytes).unwrap();
-    assert_recovers_prefix(dir.path(), 3).await;
+    let (wal, _) = Wal::open(dir.path()).unwrap();
+    append_all(&wal, &sample()).await;
+    let copy = crash_copy(dir.path());
+    drop(wal);
+    let inside_fourth = (encoded_len(&sample()[..3]) + MARK + 17 + 3) as usize;
+    for (at, closed) in [(copy.path(), false), (dir.path(), true)] {
+        let mut bytes = std::fs::read(segment(at)).unwrap();
+        bytes[inside_fourth] ^= 0x01;
+        std::fs::write(segment(at), &bytes).unwrap();
+        if closed {
+            assert!(
+                Wal::open(at).is_err(),
+                "a damaged last write of a closed log was cut"
+            );
+        } else {
+            assert_recovers_prefix(at, 3, false).await;
+        }
+    }
 }
 
 #[tokio::test]
@@ -283,7 +299,7 @@ async fn a_length_over_the_maximum_is_a_corrupt_tail_not_an_allocation() {
     // Claims a 4 GiB payload: refused by the bound before any buffer is sized from it.
     file.write_all(&[0xFF; 64]).unwrap();
     drop(file);
-    assert_recovers_prefix(dir.path(), 4).await;
+    assert_recovers_prefix(dir.path(), 4, true).await;
 }
 
 #[tokio::test]
@@ -472,10 +488,11 @@ proptest! {
         prop_assert_eq!(file_len(dir.path()), encoded_len(&records[..fit]));
     }
 
-    /// Synced appends (a write each): a flipped byte in any write but the last refuses the
-    /// log and leaves it as it was; in the last, the log ends before that write.
+    /// Synced appends (a write each), then a clean close (a write of a closing mark alone): a
+    /// flipped byte in any record's write refuses the log and leaves it as it was; in the
+    /// closing mark, every record comes back.
     #[test]
-    fn a_flipped_byte_in_a_synced_log_is_refused_unless_in_its_last_write(
+    fn a_flipped_byte_in_a_synced_log_is_refused_unless_in_its_closing_mark(
         records in records().prop_filter("needs a record", |r| !r.is_empty()),
         at_fraction in 0.0f64..1.0,
         mask in 1u8..=255,
@@ -493,12 +510,12 @@ proptest! {
             .find(|&n| encoded_len(&records[..=n]) > at as u64)
             .unwrap_or(records.len());
         let opened = Wal::open(dir.path());
-        if write + 1 < records.len() {
+        if write < records.len() {
             prop_assert!(opened.is_err(), "write {} of {} damaged, opened", write, records.len());
             prop_assert_eq!(std::fs::read(segment(dir.path())).unwrap(), bytes);
         } else {
             let (_wal, found) = opened.unwrap();
-            prop_assert_eq!(&found[..], &records[..write]);
+            prop_assert_eq!(&found[..], &records[..]);
         }
     }
 
@@ -645,5 +662,5 @@ async fn direct_io_appends_of_any_size_read_back_as_the_page_cache_writes_them()
     assert_eq!(found, records);
     // And a clean close trims the room as before.
     drop(wal);
-    assert_eq!(file_len(direct.path()), logical as u64);
+    assert_eq!(file_len(direct.path()), logical as u64 + MARK);
 }

@@ -1610,23 +1610,6 @@ async fn propose_loop(cluster: Arc<Cluster>, group: Arc<Group>) {
         .unwrap_or(u64::MAX)
         .min(lease_ns / 2);
     let fast_batch = cluster.config.fast_batch.clamp(1, batch_max);
-    // How much longer `open` is held by the fast linger: `None` if it is not (there is
-    // none, a caller in it waits for the commit, it is full enough, or `fast_linger` has
-    // passed since the last entry was proposed at `last_proposed`).
-    let hold_for = |open: &Option<Open>, last_proposed: Nanos| -> Option<Nanos> {
-        let o = open.as_ref()?;
-        if fast_linger == 0
-            || !o.replies.all_answered()
-            || o.batch.commands.len() >= fast_batch
-            || lane.any_strict()
-            || group.handover_asked.load(Ordering::Relaxed)
-        {
-            return None;
-        }
-        let until = last_proposed.saturating_add(fast_linger);
-        let now = cluster.clock.monotonic();
-        (now < until).then(|| until - now)
-    };
     // Whether this leader's lease holds for answers in `term`: a majority acknowledged an
     // entry proposed less than `lease_ns` ago, and no waiver of it stands (`no_early_term`).
     let lease_holds = |term: u64, no_early_term: u64| -> bool {
@@ -1655,6 +1638,35 @@ async fn propose_loop(cluster: Arc<Cluster>, group: Arc<Group>) {
             && !group.spec_failed.load(Ordering::SeqCst)
             && lease_holds(term, no_early_term)
     };
+    // Whether a caller waits in the lane that the open entry cannot take now: a strict one,
+    // or a fast one that would not be answered at once or does not fit.
+    let lane_blocks = |open: &Option<Open>, spec: &Option<Speculative>, no_early_term| {
+        lane.any_strict()
+            || (lane.any_fast()
+                && !(lane.fast_fits(Open::room(open, batch_max)) && early_now(spec, no_early_term)))
+    };
+    // How much longer `open` is held by the fast linger: `None` if it is not (there is
+    // none, a caller in it waits for the commit, it is full enough, a caller waits that it
+    // cannot take, or `fast_linger` has passed since the last entry was proposed at
+    // `last_proposed`).
+    let hold_for = |open: &Option<Open>,
+                    last_proposed: Nanos,
+                    spec: &Option<Speculative>,
+                    no_early_term: u64|
+     -> Option<Nanos> {
+        let o = open.as_ref()?;
+        if fast_linger == 0
+            || !o.replies.all_answered()
+            || o.batch.commands.len() >= fast_batch
+            || group.handover_asked.load(Ordering::Relaxed)
+            || lane_blocks(open, spec, no_early_term)
+        {
+            return None;
+        }
+        let until = last_proposed.saturating_add(fast_linger);
+        let now = cluster.clock.monotonic();
+        (now < until).then(|| until - now)
+    };
     let mut last_proposed: Nanos = 0;
     // Callers and commands of the last round's entry (0 if it proposed none): what a
     // lingering entry waits for; and the callers of the entry before it.
@@ -1671,8 +1683,8 @@ async fn propose_loop(cluster: Arc<Cluster>, group: Arc<Group>) {
         // holds `fast_batch` commands: no caller waits for it, and every entry costs each
         // replica a WAL append, a share of an fsync and replication messages whatever it
         // carries, so under fast load fewer, larger entries cost less CPU per decision
-        // (docs/benchmarks.md). Fast callers arriving meanwhile join it. A strict caller in
-        // the lane ends the wait. At light load the last entry is long past: no wait.
+        // (docs/benchmarks.md). Fast callers arriving meanwhile join it. A caller in the lane
+        // that it cannot take (a strict one, or a fast one not answered at once) ends the wait. At light load the last entry is long past: no wait.
         //
         // A handover asked of the proposer takes no callers: the open entry, if any, is
         // proposed, and then the handover runs (below).
@@ -1681,7 +1693,7 @@ async fn propose_loop(cluster: Arc<Cluster>, group: Arc<Group>) {
             if handing_over && open.is_none() {
                 break None;
             }
-            let hold = hold_for(&open, last_proposed);
+            let hold = hold_for(&open, last_proposed, &spec, no_early_term);
             let permit = if hold.is_none() {
                 group.proposer.inflight.clone().try_acquire_owned().ok()
             } else {
@@ -1692,7 +1704,7 @@ async fn propose_loop(cluster: Arc<Cluster>, group: Arc<Group>) {
                 break permit;
             }
             let room = Open::room(&open, batch_max);
-            if waiting && room > 0 && lane.any_fast() && early_now(&spec, no_early_term) {
+            if waiting && room > 0 && lane.fast_fits(room) && early_now(&spec, no_early_term) {
                 break None;
             }
             drop(permit);
@@ -1906,7 +1918,7 @@ async fn propose_loop(cluster: Arc<Cluster>, group: Arc<Group>) {
         // Without room in the pipeline the entry stays open for the next callers; and with
         // room, if the fast linger holds it (it just took its first callers): the wait above.
         let Some(permit) = permit else { continue };
-        if hold_for(&open, last_proposed).is_some() {
+        if hold_for(&open, last_proposed, &spec, no_early_term).is_some() {
             continue;
         }
         let Some(Open {

@@ -127,36 +127,48 @@ impl<P: Waiting> ProposerLane<P> {
         taken
     }
 
-    /// Takes waiting fast callers from the lane, up to about `max` commands (at least one
-    /// caller), in arrival order; strict callers stay, in their order. For an entry that is
-    /// not proposed yet (a full pipeline): a fast caller is answered at once, from the
-    /// speculative state, while a strict caller taken into it would wait for the pipeline
-    /// however long (past its deadline: it is decided after its caller was answered).
+    /// How many callers from the head of the lane fit in `max` commands, strict ones too.
+    fn fitting(q: &Queue<P>, max: usize) -> usize {
+        let mut count = 0usize;
+        q.callers
+            .iter()
+            .take_while(|p| {
+                count = count.saturating_add(p.commands());
+                count <= max
+            })
+            .count()
+    }
+
+    /// Takes the fast callers among those at the head of the lane that fit in `max`
+    /// commands, strict ones counted too, in arrival order; the strict callers stay, in their
+    /// order. For an entry that is not proposed yet (a full pipeline): a fast caller is
+    /// answered at once, from the speculative state, while a strict caller taken into it
+    /// would wait for the pipeline however long (past its deadline: decided after its caller
+    /// was answered). Counted, the strict callers queued before the fast ones taken keep
+    /// their room in the entry, so a stream of fast callers cannot fill every entry ahead of
+    /// them. Takes nothing (unlike [`ProposerLane::take`]) if no fast caller fits.
     pub fn take_fast(&self, max: usize) -> Vec<P> {
         let mut q = self.queue();
-        if q.fast == 0 {
+        let fit = Self::fitting(&q, max);
+        if q.fast == 0 || fit == 0 {
             return Vec::new();
         }
-        let mut count = 0;
-        let mut full = false;
-        let mut taken = Vec::new();
-        let mut kept = Vec::with_capacity(q.callers.len());
-        for p in std::mem::take(&mut q.callers) {
-            // The first fast caller that does not fit ends the take: the rest keep their order.
-            full = full || (p.fast() && !taken.is_empty() && count + p.commands() > max);
-            let take = p.fast() && !full;
-            if take {
-                count += p.commands();
-                taken.push(p);
-            } else {
-                kept.push(p);
-            }
-        }
+        let rest = q.callers.split_off(fit);
+        let head = std::mem::take(&mut q.callers);
+        let (taken, kept): (Vec<P>, Vec<P>) = head.into_iter().partition(|p| p.fast());
         q.callers = kept;
+        q.callers.extend(rest);
         q.fast -= taken.len();
-        let released = count as u64;
-        self.queued.fetch_sub(released, Ordering::Relaxed);
+        let released: usize = taken.iter().map(|p| p.commands()).sum();
+        self.queued.fetch_sub(released as u64, Ordering::Relaxed);
         taken
+    }
+
+    /// Whether [`ProposerLane::take_fast`] would take a caller now.
+    pub fn fast_fits(&self, max: usize) -> bool {
+        let q = self.queue();
+        let fit = Self::fitting(&q, max);
+        q.fast > 0 && q.callers[..fit].iter().any(|p| p.fast())
     }
 
     /// Whether a strict caller waits in the lane.
@@ -294,9 +306,10 @@ mod tests {
         cs.iter().map(|c| c.0).collect()
     }
 
-    /// `take_fast` (an open entry without pipeline room) passes strict callers over, keeps
-    /// the fast callers' order and stops at the first that does not fit (taking one at
-    /// least); what it leaves is taken by `take` in arrival order, counts intact.
+    /// `take_fast` (an open entry without pipeline room) passes strict callers over but
+    /// counts their commands, keeps the fast callers' order, and takes nothing past the
+    /// first caller that does not fit; what it leaves is taken by `take` in arrival order,
+    /// counts intact.
     #[test]
     fn take_fast_leaves_strict_callers_in_order() {
         let lane = ProposerLane::new();
@@ -311,15 +324,19 @@ mod tests {
             assert!(lane.reserve(c.1 as u64, 100));
             assert!(lane.push(c).is_ok());
         }
+        assert!(lane.fast_fits(4) && !lane.fast_fits(3));
         assert_eq!(
             names(&lane.take_fast(4)),
             ["f1"],
-            "f2 does not fit after f1"
+            "s1 and f1 fit, s2 does not"
         );
         assert_eq!(lane.queued(), 6);
-        assert_eq!(names(&lane.take_fast(1)), ["f2"], "one caller at least");
+        // s1 and s2 keep their room: f2 fits only after them.
+        assert!(lane.take_fast(4).is_empty() && !lane.fast_fits(4));
+        assert_eq!(names(&lane.take_fast(5)), ["f2"]);
         assert_eq!(names(&lane.take_fast(8)), ["f3"]);
-        assert!(lane.take_fast(8).is_empty() && !lane.any_fast() && lane.any_strict());
+        assert!(!lane.fast_fits(8) && lane.any_strict());
+        assert!(lane.take_fast(8).is_empty() && !lane.any_fast());
         assert_eq!(names(&lane.take(8)), ["s1", "s2"]);
         assert_eq!(lane.queued(), 0);
         assert!(!lane.any_strict());

@@ -22,8 +22,9 @@
 //!   cut the writes after the last sync: recovery drops a cut write whole (its sync mark gives
 //!   its length), so a submission survives whole or not at all; and it refuses a log whose
 //!   damaged record a later write's mark says was synced (see [`recover`]).
-//! - [`Wal::open`] returns every intact record in append order and truncates a torn or corrupt
-//!   tail (see [`recover`]). Records are opaque: a group id, a kind byte and bytes.
+//! - [`Wal::open`] returns every intact record in append order up to a torn write, and cuts
+//!   that write and everything after it; a log whose damaged record was synced it refuses
+//!   (see [`recover`]). Records are opaque: a group id, a kind byte and bytes.
 //!
 //! Bounded: at most `queue_records` submissions and `queue_bytes` framed bytes are queued or
 //! being written at once (later submitters wait in `reserve`), one record holds at most
@@ -158,9 +159,12 @@ impl WalOptions {
     fn validate(&self) -> io::Result<()> {
         let invalid = |msg: String| Err(io::Error::new(io::ErrorKind::InvalidInput, msg));
         let max = self.max_record_bytes;
-        if (max as usize) < PAYLOAD_HEADER || max > u32::MAX - FRAME_HEADER as u32 {
+        // The log's own records (the checkpoint marker, sync marks) must fit: a scan bounded
+        // below them would take the first one for a torn tail and cut the log there.
+        let least = PAYLOAD_HEADER + segment::MARKER_BYTES.len().max(16);
+        if (max as usize) < least || max > u32::MAX - FRAME_HEADER as u32 {
             return invalid(format!(
-                "max_record_bytes {max} must be {PAYLOAD_HEADER}..={}",
+                "max_record_bytes {max} must be {least}..={}",
                 u32::MAX - FRAME_HEADER as u32
             ));
         }

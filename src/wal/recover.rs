@@ -22,7 +22,14 @@
 //! and the log is cut at the start of the write holding it (nothing in a write that was not
 //! synced was acknowledged), so it always ends where a write ended and the marks' lengths
 //! keep leading to marks. Marks are read only where a length leads: a record's bytes (which
-//! a client chooses, through its keys) are never taken for a mark.
+//! a client chooses, through its keys) are never taken for a mark. The exception is a log
+//! begun by a build without marks (until its first compaction): a bad first record is taken
+//! for a mark there too, so the records after it are read from where a mark would end, and
+//! a mark found that way could refuse the log (the safe side: nothing is cut). In such a log,
+//! damage before its first mark is cut as a torn tail, as it was before marks.
+//!
+//! A clean close ends the log with a write of a mark alone (see `writer`), so after one, the
+//! last write is covered too; after a crash, the writes since the last sync are not.
 //!
 //! Memory: one payload buffer at a time, at most the configured maximum, and only after the
 //! file is known to be long enough to hold it. The returned records are the whole segment;
@@ -295,7 +302,8 @@ fn synced_past(file: &File, mut at: u64, bad: u64, file_len: u64) -> io::Result<
     while at.saturating_add(SYNC_MARK_LEN as u64) <= file_len {
         let mut raw = [0u8; SYNC_MARK_LEN];
         file.read_exact_at(&mut raw, at)?;
-        let Some(mark) = SyncMark::parse(&raw) else {
+        // A real mark says at most its own offset was synced.
+        let Some(mark) = SyncMark::parse(&raw).filter(|m| m.synced <= at) else {
             return Ok(None);
         };
         if mark.synced > bad {

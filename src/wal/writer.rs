@@ -222,6 +222,8 @@ struct Writer {
     /// Every byte of the current segment before this offset is synced: what the next
     /// write's sync mark says (see [`super::recover`]).
     synced: u64,
+    /// The segment's length after the last closing mark (see [`Writer::seal`]).
+    sealed: u64,
 }
 
 /// Zeros written per call when extending a segment.
@@ -247,6 +249,7 @@ impl Writer {
             direct_refused: false,
             // The segment was synced as recovery opened it.
             synced: allocated,
+            sealed: 0,
         };
         writer.open_direct();
         writer
@@ -389,7 +392,36 @@ impl Writer {
             }
         }
         let _ = self.flush_cache();
+        if let Err(e) = self.seal(batch) {
+            self.poison((e.kind(), e.to_string()));
+        }
         self.trim();
+    }
+
+    /// On close: syncs what is not, then writes (and syncs) a write of its sync mark alone,
+    /// saying all of it was synced. Without a mark after it, damage to the last write while
+    /// the node is stopped would read as a torn tail at the next open, and be cut (see
+    /// [`super::recover`]). Not in the unsafe modes, and not twice at the same length.
+    fn seal(&mut self, batch: &mut Vec<u8>) -> io::Result<()> {
+        if self.poisoned.is_some()
+            || !self.settings.sync
+            || self.settings.volatile
+            || self.segment.len == 0
+            || self.segment.len == self.sealed
+        {
+            return Ok(());
+        }
+        if self.synced < self.segment.len {
+            self.segment.file.sync_data()?;
+            self.synced = self.segment.len;
+        }
+        batch.clear();
+        batch.resize(SYNC_MARK_LEN, 0);
+        self.write_out(batch)?;
+        self.segment.file.sync_data()?;
+        self.synced = self.segment.len;
+        self.sealed = self.segment.len;
+        Ok(())
     }
 
     fn write_deferred(&mut self, batch: &mut [u8]) -> io::Result<()> {
