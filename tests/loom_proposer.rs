@@ -147,25 +147,31 @@ fn model_with(outcome: Outcome, max: usize, lens: [usize; 2], open: bool) {
             h.join().unwrap();
         }
         assert_eq!(lane.queued(), 0, "the queued-commands counter drifted");
-        for (id, inbox) in inboxes.iter().enumerate() {
-            let answers = inbox.lock().unwrap();
-            assert_eq!(
-                answers.len(),
-                1,
-                "caller {id} answered {} times",
-                answers.len()
-            );
-            if let Ok(results) = &answers[0] {
-                let own: Vec<u32> = (0..lens[id] as u32).map(|i| id as u32 * 10 + i).collect();
-                assert_eq!(results, &own, "caller {id} got another caller's results");
-                let strict = id == 1;
-                assert!(
-                    !strict || outcome == Outcome::Commits,
-                    "strict caller {id} admitted for an entry that did not commit"
-                );
-            }
-        }
+        assert_answered_once(&inboxes, lens, outcome);
     });
+}
+
+/// Caller 0 (fast) and caller 1 (strict), of `lens` commands: each answered exactly once,
+/// with its own part of the results; the strict one "admitted" only if the entry committed.
+fn assert_answered_once(inboxes: &[Inbox], lens: [usize; 2], outcome: Outcome) {
+    for (id, inbox) in inboxes.iter().enumerate() {
+        let answers = inbox.lock().unwrap();
+        assert_eq!(
+            answers.len(),
+            1,
+            "caller {id} answered {} times",
+            answers.len()
+        );
+        if let Ok(results) = &answers[0] {
+            let own: Vec<u32> = (0..lens[id] as u32).map(|i| id as u32 * 10 + i).collect();
+            assert_eq!(results, &own, "caller {id} got another caller's results");
+            let strict = id == 1;
+            assert!(
+                !strict || outcome == Outcome::Commits,
+                "strict caller {id} admitted for an entry that did not commit"
+            );
+        }
+    }
 }
 
 #[test]
@@ -250,26 +256,7 @@ fn fast_first(outcome: Outcome) {
         for h in callers {
             h.join().unwrap();
         }
-        for (id, inbox) in inboxes.iter().enumerate() {
-            let answers = inbox.lock().unwrap();
-            assert_eq!(
-                answers.len(),
-                1,
-                "caller {id} answered {} times",
-                answers.len()
-            );
-            if let Ok(results) = &answers[0] {
-                assert_eq!(
-                    results,
-                    &vec![id as u32 * 10],
-                    "caller {id}: another's results"
-                );
-                assert!(
-                    id == 0 || outcome == Outcome::Commits,
-                    "strict caller admitted"
-                );
-            }
-        }
+        assert_answered_once(&inboxes, [1, 1], outcome);
     });
 }
 

@@ -16,9 +16,10 @@
 //!   and takes fast callers as they come, each take a part with its own shard time, so fast
 //!   callers do not wait for the entry ahead (unless the open entry is full, or there is no
 //!   speculative copy or lease: then they wait in the lane, as strict callers do, whose
-//!   deadline is checked when the pipeline has room and they are taken). An entry whose callers were all answered early is held up to
-//!   `fast_linger` after the last entry (or until `fast_batch` commands): fewer entries
-//!   under fast load, each costing every replica a WAL append and replication messages.
+//!   deadline is checked when the pipeline has room and they are taken). An entry whose
+//!   callers were all answered early is held up to `fast_linger` after the last entry (or
+//!   until `fast_batch` commands): fewer entries under fast load, each costing every replica
+//!   a WAL append and replication messages.
 //! - another node leads `g`: the commands are forwarded to it over the peer transport, in
 //!   the caller's batch, with the time left of the caller's deadline (`unavailable_after`);
 //!   `NotLeader` hints are followed until that deadline. A leader's proposer drops undecided
@@ -1684,7 +1685,8 @@ async fn propose_loop(cluster: Arc<Cluster>, group: Arc<Group>) {
         // replica a WAL append, a share of an fsync and replication messages whatever it
         // carries, so under fast load fewer, larger entries cost less CPU per decision
         // (docs/benchmarks.md). Fast callers arriving meanwhile join it. A caller in the lane
-        // that it cannot take (a strict one, or a fast one not answered at once) ends the wait. At light load the last entry is long past: no wait.
+        // that it cannot take (a strict one, or a fast one not answered at once) ends the
+        // wait. At light load the last entry is long past: no wait.
         //
         // A handover asked of the proposer takes no callers: the open entry, if any, is
         // proposed, and then the handover runs (below).
