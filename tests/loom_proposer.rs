@@ -63,6 +63,26 @@ fn reserved(lane: &ProposerLane<Caller>, id: usize, n: usize, inbox: Inbox) -> C
     }
 }
 
+/// Callers 0 (fast) and 1 (strict) of `lens` commands, each reserving room and queuing
+/// itself on a thread of its own: their inboxes and threads.
+fn queue_two(
+    lane: &Arc<ProposerLane<Caller>>,
+    lens: [usize; 2],
+) -> (Vec<Inbox>, Vec<thread::JoinHandle<()>>) {
+    let inboxes: Vec<Inbox> = (0..2).map(|_| Arc::new(Mutex::new(Vec::new()))).collect();
+    let callers = (0..2)
+        .map(|id| {
+            let (lane, inbox) = (lane.clone(), inboxes[id].clone());
+            let n = lens[id];
+            thread::spawn(move || {
+                let caller = reserved(&lane, id, n, inbox);
+                assert!(lane.push(caller).is_ok(), "the lane is open");
+            })
+        })
+        .collect();
+    (inboxes, callers)
+}
+
 /// Two callers (one fast, one strict, `lens` commands each) and the proposer, which takes at
 /// most `max` commands per entry; every entry ends with `outcome`. With `open`, the
 /// proposer gathers ONE entry from its takes (the open entry of a full pipeline): each take
@@ -75,17 +95,7 @@ fn model(outcome: Outcome, max: usize, lens: [usize; 2]) {
 fn model_with(outcome: Outcome, max: usize, lens: [usize; 2], open: bool) {
     loom::model(move || {
         let lane = Arc::new(ProposerLane::<Caller>::new());
-        let inboxes: Vec<Inbox> = (0..2).map(|_| Arc::new(Mutex::new(Vec::new()))).collect();
-        let callers: Vec<_> = (0..2)
-            .map(|id| {
-                let (lane, inbox) = (lane.clone(), inboxes[id].clone());
-                let n = lens[id];
-                thread::spawn(move || {
-                    let caller = reserved(&lane, id, n, inbox);
-                    assert!(lane.push(caller).is_ok(), "the lane is open");
-                })
-            })
-            .collect();
+        let (inboxes, callers) = queue_two(&lane, lens);
         // The proposer: take entries until both callers are taken.
         let mut taken = 0;
         let mut completions = Vec::new();
@@ -212,16 +222,7 @@ fn an_entry_gathered_in_parts_answers_each_caller_once_with_its_part() {
 fn fast_first(outcome: Outcome) {
     loom::model(move || {
         let lane = Arc::new(ProposerLane::<Caller>::new());
-        let inboxes: Vec<Inbox> = (0..2).map(|_| Arc::new(Mutex::new(Vec::new()))).collect();
-        let callers: Vec<_> = (0..2)
-            .map(|id| {
-                let (lane, inbox) = (lane.clone(), inboxes[id].clone());
-                thread::spawn(move || {
-                    let caller = reserved(&lane, id, 1, inbox);
-                    assert!(lane.push(caller).is_ok(), "the lane is open");
-                })
-            })
-            .collect();
+        let (inboxes, callers) = queue_two(&lane, [1, 1]);
         let (mut replies, mut commands) = (Replies::with_capacity(2), Vec::new());
         let mut fast_taken = false;
         let mut taken = 0;
