@@ -58,6 +58,9 @@ pub struct Metrics {
     /// it campaigned; `forward`: a check it forwarded): it still runs, and learns so that it
     /// is out (and asks no more: about once per shard, again after each restart of it).
     pub removed_refusals: IntCounterVec,
+    /// Snapshot chunks refused because they would leave a gap in the stream's buffer (the
+    /// leader then sends the stream from its start; see `raft::intake`).
+    pub snapshot_gaps: IntCounter,
     /// Cluster members only (refreshed every second):
     /// WAL submissions made durable, and the fsyncs that covered them.
     pub wal_appends: IntGauge,
@@ -196,6 +199,10 @@ impl Metrics {
                 "quorate_removed_node_refusals_total",
                 "Requests from a node removed from a shard, refused (it still runs), by kind (vote, forward)",
                 &["kind"],
+            ),
+            snapshot_gaps: counter(
+                "quorate_snapshot_chunk_gaps_total",
+                "Snapshot chunks refused because they started past the bytes received of their stream (the leader sends it again from its start)",
             ),
             wal_appends: gauge(
                 "quorate_wal_appends",

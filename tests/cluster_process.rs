@@ -850,6 +850,113 @@ async fn a_member_whose_log_was_damaged_refuses_to_start_and_says_why() {
     );
 }
 
+/// Resident memory of process `pid`, in bytes (`VmRSS` of /proc).
+fn rss(pid: u32) -> u64 {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
+    let kb: u64 = status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+        .unwrap();
+    kb * 1024
+}
+
+/// A snapshot chunk from a peer that holds the cluster secret, starting far past the bytes
+/// its stream has, would grow the follower's receive buffer to its offset (openraft writes
+/// a chunk at its offset, zero-filling the gap). The follower refuses it before openraft
+/// sees it, with the mismatch that makes a leader send the stream from its start, and its
+/// memory stays as it was; chunks without a gap go through, and the shard serves on.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_snapshot_chunk_past_the_bytes_received_is_refused_without_allocating_it() {
+    use openraft::error::{InstallSnapshotError, RaftError};
+    use openraft::raft::InstallSnapshotRequest;
+    use openraft::{SnapshotMeta, Vote};
+    use quorate::peer::identity::Identities;
+    use quorate::peer::{Nonces, PeerConfig, Peers};
+    use quorate::raft::rpc::{decode, encode, PeerRequest, PeerResponse};
+
+    const GAP: u64 = 512 << 20;
+    let cluster = blocking(|| Cluster::start(3, &policies(), &[]));
+    let group = &blocking(|| cluster.status(0))["cluster"]["groups"][0];
+    let (leader, term) = (
+        group["leader"].as_u64().unwrap(),
+        group["term"].as_u64().unwrap(),
+    );
+    let f = cluster.members.iter().position(|m| m.id != leader).unwrap();
+    let follower = &cluster.members[f];
+    let pid = follower.child.as_ref().unwrap().id();
+    // A peer with the secret (a new id, on a data directory of its own), sending chunks
+    // with the leader's vote: the follower takes its stream.
+    let own = tempfile::tempdir().unwrap();
+    let mut cfg = PeerConfig::new(99, cluster_support::SECRET.as_bytes().to_vec());
+    cfg.identities = Some(Arc::new(
+        Identities::load(own.path(), 0x9a9, false).unwrap(),
+    ));
+    let peers = Peers::new(
+        cfg,
+        quorate::net::tcp::TcpConnector,
+        [(follower.id, follower.peer)],
+        Nonces::from_seed([9; 32]),
+    )
+    .unwrap();
+    let chunk = |offset: u64| {
+        encode(&PeerRequest::Snapshot {
+            group: 0,
+            rpc: InstallSnapshotRequest {
+                vote: Vote::new_committed(term, leader),
+                meta: SnapshotMeta {
+                    snapshot_id: "a-gap-test".into(),
+                    ..Default::default()
+                },
+                offset,
+                data: vec![7; 16],
+                done: false,
+            },
+        })
+    };
+    let send = |offset: u64| {
+        let (peers, body) = (peers.clone(), chunk(offset));
+        async move {
+            let answer = peers
+                .call(follower.id, body, Duration::from_secs(10))
+                .await
+                .unwrap();
+            decode::<PeerResponse>(&answer).unwrap()
+        }
+    };
+    match send(0).await {
+        PeerResponse::Snapshot(Ok(_)) => {}
+        other => panic!("the stream's first chunk was not taken: {other:?}"),
+    }
+    let before = rss(pid);
+    let answer = send(GAP).await;
+    let grew = rss(pid).saturating_sub(before);
+    eprintln!("a chunk at byte {GAP}: {answer:?}; the follower's memory grew {grew} bytes");
+    match answer {
+        PeerResponse::Snapshot(Err(RaftError::APIError(
+            InstallSnapshotError::SnapshotMismatch(m),
+        ))) => assert_eq!((m.expect.offset, m.got.offset), (16, GAP)),
+        other => panic!("a chunk leaving a gap of {GAP} bytes was not refused: {other:?}"),
+    }
+    assert!(
+        grew < GAP / 4,
+        "the follower's memory grew {grew} bytes on a refused chunk"
+    );
+    assert_eq!(metric(&cluster, f, "quorate_snapshot_chunk_gaps_total"), 1);
+    match send(16).await {
+        PeerResponse::Snapshot(Ok(_)) => {}
+        other => panic!("the stream's next chunk was not taken: {other:?}"),
+    }
+    // The shard serves on, through the follower too.
+    let key = (0..)
+        .map(|i| format!("gap-{i}"))
+        .find(|k| shard("count", k) == 0)
+        .unwrap();
+    let c = client(follower.resp);
+    assert!(c.check(&[("count", &key, 1)], None).await.unwrap().allowed);
+    assert_eq!(remaining(&c, "count", &key).await, BIG - 1);
+}
+
 /// Three members with slow elections, each with `--test-hold-wal-while {dir}.hold`: the
 /// settled leader of `key`'s shard (`settled_leader`), a client of it, and the path of its
 /// hold file (while that exists its WAL writes and syncs nothing; reading `fail`, it fails

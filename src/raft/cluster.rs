@@ -37,6 +37,7 @@
 
 use super::denials::DenialCache;
 use super::hooks::FallbackAnswer;
+use super::intake::SnapshotIntake;
 use super::replies::{ProposerLane, Replies, Waiting};
 use super::rpc::{
     ask, CallError, ChangeError, ForwardError, MemberChange, PeerRequest, PeerResponse, Transport,
@@ -50,6 +51,8 @@ use crate::policy::OnUnavailable;
 use crate::shard::actor::ShardError;
 use crate::shard::command::{Applied, Batch, Command, Fallback};
 use crate::shard::state::{Bounds, MemberHistory, ShardState};
+use openraft::error::{InstallSnapshotError, RaftError};
+use openraft::raft::{InstallSnapshotRequest, InstallSnapshotResponse};
 use openraft::storage::RaftLogStorage;
 use openraft::{BasicNode, Raft, ServerState};
 use serde::Serialize;
@@ -242,6 +245,9 @@ struct Group {
     /// answer them with `on_unavailable` once its view is stale. Its elections in the group
     /// stop (a task started with the group).
     removed: Arc<super::rpc::Removal>,
+    /// The snapshot stream this node receives as a follower: its chunks reach openraft only
+    /// without a gap ([`SnapshotIntake`]).
+    intake: SnapshotIntake,
 }
 
 /// A handover the proposer is to carry out: to whom, and where the outcome goes.
@@ -440,6 +446,7 @@ impl Cluster {
                 handover_seq: AtomicU64::new(0),
                 led_term_at_start: led_term,
                 removed,
+                intake: SnapshotIntake::default(),
             });
             {
                 // A removed node is out for good (ids are never given out again), and its
@@ -677,6 +684,32 @@ impl Cluster {
             }
         }
         Ok(())
+    }
+
+    /// Hands a leader's snapshot chunk to openraft, unless it would leave a gap in the
+    /// stream's buffer ([`SnapshotIntake`]): then the answer is the mismatch openraft gives
+    /// a chunk of a stream it does not have, and the leader sends the stream from its start.
+    async fn receive_chunk(
+        &self,
+        group: &Group,
+        rpc: InstallSnapshotRequest<TypeConfig>,
+    ) -> Result<InstallSnapshotResponse<NodeId>, RaftError<NodeId, InstallSnapshotError>> {
+        let id = rpc.meta.snapshot_id.clone();
+        let (vote, done) = (rpc.vote, rpc.done);
+        let end = rpc.offset.saturating_add(rpc.data.len() as u64);
+        if let Err(gap) = group.intake.admit(&id, rpc.offset) {
+            tracing::warn!(group = group.id, %gap, "snapshot chunk refused: it leaves a gap");
+            self.metrics.snapshot_gaps.inc();
+            return Err(RaftError::APIError(InstallSnapshotError::SnapshotMismatch(
+                gap,
+            )));
+        }
+        let answer = group.raft.install_snapshot(rpc).await;
+        // Taken unless refused for its vote (then the answer names a greater one).
+        if answer.as_ref().is_ok_and(|r| r.vote <= vote) {
+            group.intake.took(&id, end, done);
+        }
+        answer
     }
 
     /// Carries out `change` on `group`, which this node leads.
@@ -1413,7 +1446,7 @@ impl Cluster {
                 None => PeerResponse::Refused(format!("no shard {g}")),
             },
             PeerRequest::Snapshot { group: g, rpc } => match group(g) {
-                Some(gr) => PeerResponse::Snapshot(gr.raft.install_snapshot(rpc).await),
+                Some(gr) => PeerResponse::Snapshot(self.receive_chunk(&gr, rpc).await),
                 None => PeerResponse::Refused(format!("no shard {g}")),
             },
             PeerRequest::Members { group: g, change } => match group(g) {
