@@ -313,24 +313,12 @@ pub async fn start<P: Listener, C: Connector>(
     log.set_unsafe_ack_before_durable(!settings.wal_sync);
     let log_stats = log.wal().clone();
 
-    let mut peer_config = PeerConfig::new(settings.node_id, settings.secret.clone().into_bytes());
-    // Any node proving the cluster secret may connect: members are added at runtime, and
-    // the Raft membership (not this list) decides who votes. Rotate the secret to shut out
-    // a removed node that still has it.
-    peer_config.members = None;
-    peer_config.slot_sharding = config.sharding == Sharding::Slots;
-    // A member back under its id on another data directory has forgotten its votes: its
-    // peers refuse it (`peer::identity`).
-    peer_config.identities = Some(Arc::new(identities));
-    // A handler may take as long as the longest peer request: a membership step sent to a
-    // shard's leader (`Cluster::change_members` asks with `write_timeout * 10`; adding a node
-    // waits up to `write_timeout * 5` for it to catch up). Under the default 5 s the server
-    // cut such a step off first, and the member resent it over and over.
-    peer_config.handler_timeout = peer_config.handler_timeout.max(
-        settings
-            .write_timeout
-            .saturating_mul(10)
-            .saturating_add(Duration::from_secs(1)),
+    let peer_config = peer_config(
+        settings.node_id,
+        &settings.secret,
+        config.sharding,
+        settings.write_timeout,
+        Some(Arc::new(identities)),
     );
     let nonces = Nonces::from_seed(seed);
     let peers =
@@ -418,9 +406,65 @@ pub async fn start<P: Listener, C: Connector>(
     Ok((service, server))
 }
 
+/// The peer transport's settings of a member.
+fn peer_config(
+    node_id: u64,
+    secret: &str,
+    sharding: Sharding,
+    write_timeout: Duration,
+    identities: Option<Arc<Identities>>,
+) -> PeerConfig {
+    let mut peer_config = PeerConfig::new(node_id, secret.as_bytes().to_vec());
+    // Any node proving the cluster secret may connect: members are added at runtime, and
+    // the Raft membership (not this list) decides who votes. Rotate the secret to shut out
+    // a removed node that still has it.
+    peer_config.members = None;
+    peer_config.slot_sharding = sharding == Sharding::Slots;
+    // Forwarded checks have room of their own on a connection, apart from Raft's requests.
+    peer_config.is_bulk = Some(crate::raft::rpc::is_bulk);
+    // A member back under its id on another data directory has forgotten its votes: its
+    // peers refuse it (`peer::identity`).
+    peer_config.identities = identities;
+    // A handler may take as long as the longest peer request: a membership step sent to a
+    // shard's leader (`Cluster::change_members` asks with `write_timeout * 10`; adding a node
+    // waits up to `write_timeout * 5` for it to catch up). Under the default 5 s the server
+    // cut such a step off first, and the member resent it over and over.
+    peer_config.handler_timeout = peer_config.handler_timeout.max(
+        write_timeout
+            .saturating_mul(10)
+            .saturating_add(Duration::from_secs(1)),
+    );
+    peer_config
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A member's forwarded checks are bulk to its peer transport (their own room on a
+    /// connection), its Raft requests not; the settings are valid.
+    #[test]
+    fn a_members_forwarded_checks_are_bulk_on_the_peer_connection() {
+        use crate::raft::rpc::{encode, PeerRequest};
+        let c = peer_config(
+            2,
+            "a cluster secret of 32 bytes....",
+            Sharding::Hash,
+            Duration::from_secs(2),
+            None,
+        );
+        c.validate().unwrap();
+        let is_bulk = c.is_bulk.expect("a member classifies its peer requests");
+        let forward = PeerRequest::Forward {
+            group: 0,
+            commands: Vec::new(),
+            fast: false,
+        };
+        assert!(is_bulk(&encode(&forward)));
+        assert!(!is_bulk(&encode(&PeerRequest::RespAddr)));
+        assert!(c.max_bulk_requests < c.max_concurrent_requests);
+        assert_eq!(c.handler_timeout, Duration::from_secs(21));
+    }
 
     #[test]
     fn a_data_directory_keeps_its_shard_count_and_refuses_another() {

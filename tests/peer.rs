@@ -515,6 +515,101 @@ async fn requests_beyond_the_servers_concurrency_are_answered_busy() {
     assert_eq!(get(&s.stats.busy), 1);
 }
 
+/// Bulk here: the slow requests (a node's forwarded checks in a cluster).
+fn sleepy(body: &[u8]) -> bool {
+    body.starts_with(b"sleep")
+}
+
+#[tokio::test]
+async fn bulk_requests_cannot_take_the_servers_room_for_the_others() {
+    let mut c = cfg(SERVER, SECRET);
+    c.max_concurrent_requests = 3;
+    c.max_bulk_requests = 2;
+    c.is_bulk = Some(sleepy);
+    let s = Server::start(c).await;
+    let p = peers(cfg(CLIENT, SECRET), s.addr);
+    let slow: Vec<_> = (0..3)
+        .map(|_| {
+            let p = p.clone();
+            tokio::spawn(async move { p.call(SERVER, b"sleep 2000 ".to_vec(), LONG).await })
+        })
+        .collect();
+    let (calls, stats) = (s.calls.clone(), s.stats.clone());
+    until(
+        "two slow requests to run and the third to be answered busy",
+        || calls.load(Ordering::SeqCst) == 2 && get(&stats.busy) == 1,
+    )
+    .await;
+    // The slow ones still run: a request that is not bulk has room.
+    assert_eq!(
+        p.call(SERVER, b"x".to_vec(), LONG).await.unwrap(),
+        format!("{CLIENT}:x").into_bytes()
+    );
+    let mut busy = 0;
+    for c in slow {
+        match c.await.unwrap() {
+            Ok(_) => {}
+            Err(PeerError::Busy { peer: SERVER }) => busy += 1,
+            Err(e) => panic!("{e}"),
+        }
+    }
+    assert_eq!(busy, 1);
+}
+
+#[tokio::test]
+async fn bulk_calls_beyond_their_share_of_the_in_flight_limit_fail_as_overloaded() {
+    let s = Server::start(cfg(SERVER, SECRET)).await;
+    let mut c = cfg(CLIENT, SECRET);
+    c.max_in_flight = 3;
+    c.max_bulk_in_flight = 2;
+    c.is_bulk = Some(sleepy);
+    let p = peers(c, s.addr);
+    let slow: Vec<_> = (0..2)
+        .map(|_| {
+            let p = p.clone();
+            tokio::spawn(async move { p.call(SERVER, b"sleep 1000 ".to_vec(), LONG).await })
+        })
+        .collect();
+    let calls = s.calls.clone();
+    until("both slow calls to run", || {
+        calls.load(Ordering::SeqCst) == 2
+    })
+    .await;
+    assert_eq!(
+        p.call(SERVER, b"sleep 0 ".to_vec(), LONG).await,
+        Err(PeerError::Overloaded {
+            peer: SERVER,
+            limit: 2
+        })
+    );
+    // A call that is not bulk still has room.
+    p.call(SERVER, b"x".to_vec(), LONG).await.unwrap();
+    for c in slow {
+        c.await.unwrap().unwrap();
+    }
+    // The bulk share is free again.
+    p.call(SERVER, b"sleep 0 ".to_vec(), LONG).await.unwrap();
+}
+
+#[test]
+fn bulk_limits_must_leave_room_for_the_other_requests() {
+    let mut c = cfg(CLIENT, SECRET);
+    assert!(c.validate().is_ok());
+    c.is_bulk = Some(sleepy);
+    assert!(c.validate().is_ok());
+    c.max_bulk_requests = c.max_concurrent_requests;
+    let e = c.validate().unwrap_err();
+    assert!(e.contains("max_bulk_requests"), "{e}");
+    c.max_bulk_requests = 1;
+    c.max_bulk_in_flight = 0;
+    assert!(c.validate().is_err());
+    c.is_bulk = None;
+    assert!(
+        c.validate().is_ok(),
+        "without bulk requests the limits do not apply"
+    );
+}
+
 #[tokio::test]
 async fn a_body_over_the_frame_limit_is_refused_before_sending() {
     let mut c = cfg(CLIENT, SECRET);

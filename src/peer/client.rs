@@ -78,8 +78,24 @@ type Reply = Result<Vec<u8>, PeerError>;
 /// Calls waiting for replies on one connection. `None` once the connection has ended, so no
 /// call can register on a connection that will never answer.
 struct Pending {
-    table: Mutex<Option<BTreeMap<u64, oneshot::Sender<Reply>>>>,
+    table: Mutex<Option<Table>>,
     next_id: AtomicU64,
+}
+
+/// The waiting calls by id, each with whether it is bulk ([`PeerConfig::is_bulk`]), and how
+/// many are.
+#[derive(Default)]
+struct Table {
+    waiting: BTreeMap<u64, (oneshot::Sender<Reply>, bool)>,
+    bulk: usize,
+}
+
+impl Table {
+    fn remove(&mut self, id: u64) -> Option<oneshot::Sender<Reply>> {
+        let (waiter, bulk) = self.waiting.remove(&id)?;
+        self.bulk -= usize::from(bulk);
+        Some(waiter)
+    }
 }
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -87,10 +103,13 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
 }
 
 impl Pending {
+    /// Registers a call: at most `limit` wait at once, and of them at most `bulk_limit`
+    /// bulk ones (`bulk_limit` is `Some` for a bulk call).
     fn register(
         self: &Arc<Self>,
         peer: NodeId,
         limit: usize,
+        bulk_limit: Option<usize>,
     ) -> Result<(u64, oneshot::Receiver<Reply>, Waiting), PeerError> {
         let mut table = lock(&self.table);
         let Some(table) = table.as_mut() else {
@@ -99,12 +118,18 @@ impl Pending {
                 reason: "the connection just closed".into(),
             });
         };
-        if table.len() >= limit {
+        if table.waiting.len() >= limit {
             return Err(PeerError::Overloaded { peer, limit });
+        }
+        if let Some(limit) = bulk_limit {
+            if table.bulk >= limit {
+                return Err(PeerError::Overloaded { peer, limit });
+            }
         }
         let id = self.next_id.fetch_add(1, Ordering::Relaxed);
         let (tx, rx) = oneshot::channel();
-        table.insert(id, tx);
+        table.waiting.insert(id, (tx, bulk_limit.is_some()));
+        table.bulk += usize::from(bulk_limit.is_some());
         let waiting = Waiting {
             pending: self.clone(),
             id,
@@ -113,7 +138,7 @@ impl Pending {
     }
 
     fn complete(&self, id: u64, reply: Reply) {
-        let waiter = lock(&self.table).as_mut().and_then(|t| t.remove(&id));
+        let waiter = lock(&self.table).as_mut().and_then(|t| t.remove(id));
         // A reply for a call that gave up (timed out) finds nobody: dropped.
         if let Some(w) = waiter {
             let _ = w.send(reply);
@@ -123,7 +148,7 @@ impl Pending {
     /// The connection ended: fail every waiting call, in id order.
     fn fail_all(&self, peer: NodeId) {
         let table = lock(&self.table).take().unwrap_or_default();
-        for (_, w) in table {
+        for (_, (w, _)) in table.waiting {
             let _ = w.send(Err(PeerError::ConnectionLost { peer }));
         }
     }
@@ -138,7 +163,7 @@ struct Waiting {
 impl Drop for Waiting {
     fn drop(&mut self) {
         if let Some(t) = lock(&self.pending.table).as_mut() {
-            t.remove(&self.id);
+            t.remove(self.id);
         }
     }
 }
@@ -228,7 +253,12 @@ impl<C: Connector> Peers<C> {
 
     async fn call_inner(&self, to: NodeId, body: Vec<u8>, sent: &mut bool) -> Reply {
         let conn = self.connection(to).await?;
-        let (id, reply, _waiting) = conn.pending.register(to, self.inner.cfg.max_in_flight)?;
+        let cfg = &self.inner.cfg;
+        let bulk_limit = cfg
+            .is_bulk
+            .filter(|is_bulk| is_bulk(&body))
+            .map(|_| cfg.max_bulk_in_flight);
+        let (id, reply, _waiting) = conn.pending.register(to, cfg.max_in_flight, bulk_limit)?;
         if conn
             .tx
             .send(Frame::new(Kind::Request, id, body))
@@ -415,7 +445,7 @@ fn spawn_connection<S: Stream>(stream: S, peer: NodeId, cfg: &PeerConfig) -> Arc
     // Each call queues one frame after taking a pending slot, so this holds every call.
     let (tx, rx) = mpsc::channel(cfg.max_in_flight + 16);
     let pending = Arc::new(Pending {
-        table: Mutex::new(Some(BTreeMap::new())),
+        table: Mutex::new(Some(Table::default())),
         next_id: AtomicU64::new(1),
     });
     let (max, idle, every) = (cfg.max_frame, cfg.idle_timeout, cfg.ping_interval);

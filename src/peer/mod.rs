@@ -112,6 +112,18 @@ pub struct PeerConfig {
     /// Requests from one connection whose handlers may run at once; more are answered
     /// [`PeerError::Busy`] at once.
     pub max_concurrent_requests: usize,
+    /// Which requests are bulk: many at once by nature (a node's forwarded client checks),
+    /// where the others are few and must not wait behind them (Raft's appends and votes,
+    /// whose loss costs a shard its leader). By the request's bytes; `None` (the default):
+    /// none is, and the two limits below do not apply.
+    pub is_bulk: Option<fn(&[u8]) -> bool>,
+    /// Of `max_in_flight`, the most calls one connection may have waiting that are bulk;
+    /// more fail with [`PeerError::Overloaded`]. The rest stay for the other calls.
+    pub max_bulk_in_flight: usize,
+    /// Of `max_concurrent_requests`, the most bulk requests from one connection whose
+    /// handlers may run at once; more are answered [`PeerError::Busy`]. The rest stay for
+    /// the other requests, which a flood of bulk ones then cannot crowd out.
+    pub max_bulk_requests: usize,
     /// Accepted connections (including ones still in the handshake); more are closed at once.
     pub max_connections: usize,
     /// Connections from one IP address still in the handshake; more from it are closed at
@@ -163,6 +175,9 @@ impl PeerConfig {
             max_frame: 32 << 20,
             max_in_flight: 4096,
             max_concurrent_requests: 1024,
+            is_bulk: None,
+            max_bulk_in_flight: 3072,
+            max_bulk_requests: 768,
             max_connections: 256,
             max_handshakes_per_addr: 8,
             slot_sharding: false,
@@ -203,6 +218,22 @@ impl PeerConfig {
                     .into(),
             );
         }
+        if self.is_bulk.is_some()
+            && (self.max_bulk_in_flight == 0
+                || self.max_bulk_requests == 0
+                || self.max_bulk_in_flight >= self.max_in_flight
+                || self.max_bulk_requests >= self.max_concurrent_requests)
+        {
+            return Err(format!(
+                "max_bulk_in_flight ({}) and max_bulk_requests ({}) must be at least 1 and below \
+                 max_in_flight ({}) and max_concurrent_requests ({}): the rest is kept for \
+                 requests that are not bulk",
+                self.max_bulk_in_flight,
+                self.max_bulk_requests,
+                self.max_in_flight,
+                self.max_concurrent_requests
+            ));
+        }
         if self.idle_timeout <= self.ping_interval {
             return Err(format!(
                 "idle_timeout ({:?}) must exceed ping_interval ({:?}), or healthy idle \
@@ -234,6 +265,8 @@ impl fmt::Debug for PeerConfig {
             .field("max_frame", &self.max_frame)
             .field("max_in_flight", &self.max_in_flight)
             .field("max_concurrent_requests", &self.max_concurrent_requests)
+            .field("max_bulk_in_flight", &self.max_bulk_in_flight)
+            .field("max_bulk_requests", &self.max_bulk_requests)
             .field("max_connections", &self.max_connections)
             .field("max_handshakes_per_addr", &self.max_handshakes_per_addr)
             .field("slot_sharding", &self.slot_sharding)

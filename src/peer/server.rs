@@ -235,12 +235,15 @@ async fn read_requests<R: tokio::io::AsyncRead + Unpin>(
 ) -> Result<(), FrameError> {
     let cfg = &sh.cfg;
     let running = Arc::new(Semaphore::new(cfg.max_concurrent_requests));
+    // Bulk requests hold a permit of both: at most `max_bulk_requests` of them run, and the
+    // rest of `running` stays for the others.
+    let bulk = Arc::new(Semaphore::new(cfg.max_bulk_requests));
     loop {
         let f = read_frame(&mut rd, cfg.max_frame, cfg.idle_timeout).await?;
         let reply = match f.kind {
             Kind::Ping => Frame::new(Kind::Pong, f.id, Vec::new()),
-            Kind::Request => match running.clone().try_acquire_owned() {
-                Ok(permit) => {
+            Kind::Request => match permits(&f.body, cfg, &running, &bulk) {
+                Some(permit) => {
                     PeerStats::bump(&sh.stats.handled);
                     tokio::spawn(handle(
                         f,
@@ -252,7 +255,7 @@ async fn read_requests<R: tokio::io::AsyncRead + Unpin>(
                     ));
                     continue;
                 }
-                Err(_) => {
+                None => {
                     PeerStats::bump(&sh.stats.busy);
                     Frame::new(Kind::Busy, f.id, Vec::new())
                 }
@@ -265,6 +268,23 @@ async fn read_requests<R: tokio::io::AsyncRead + Unpin>(
     }
 }
 
+/// The permits a request runs under: one of `running`, and for a bulk request one of
+/// `bulk` too (see [`PeerConfig::is_bulk`]). `None`: the connection has no room for it.
+fn permits(
+    body: &[u8],
+    cfg: &PeerConfig,
+    running: &Arc<Semaphore>,
+    bulk: &Arc<Semaphore>,
+) -> Option<Permits> {
+    let of_bulk = match cfg.is_bulk {
+        Some(is_bulk) if is_bulk(body) => Some(bulk.clone().try_acquire_owned().ok()?),
+        _ => None,
+    };
+    Some((running.clone().try_acquire_owned().ok()?, of_bulk))
+}
+
+type Permits = (OwnedSemaphorePermit, Option<OwnedSemaphorePermit>);
+
 /// Runs the handler for one request, bounded in time, and queues its answer.
 async fn handle(
     req: Frame,
@@ -272,7 +292,7 @@ async fn handle(
     sh: Arc<Shared>,
     tx: mpsc::Sender<Frame>,
     mut closed: watch::Receiver<()>,
-    _permit: OwnedSemaphorePermit,
+    _permits: Permits,
 ) {
     let (limit, max) = (sh.cfg.handler_timeout, sh.cfg.max_frame);
     let handler = sh.handler.clone();

@@ -152,6 +152,18 @@ pub fn decode<T: for<'de> Deserialize<'de>>(bytes: &[u8]) -> Result<T, String> {
     Ok(value)
 }
 
+/// Whether an encoded [`PeerRequest`] is bulk to the peer transport
+/// ([`crate::peer::PeerConfig::is_bulk`]): forwarded client checks, as many at once as the
+/// clients send. A flood of them then cannot take the room of Raft's appends and votes (a
+/// follower that answers its leader's heartbeats `Busy` calls an election). By the variant's
+/// index, which bincode writes first, in one byte below 251 (pinned by a test).
+pub fn is_bulk(body: &[u8]) -> bool {
+    body.first().is_some_and(|v| BULK_VARIANTS.contains(v))
+}
+
+/// The indexes of `PeerRequest::Forward` and `PeerRequest::ForwardWithin`.
+const BULK_VARIANTS: [u8; 2] = [4, 7];
+
 /// Why a call to a peer failed.
 #[derive(Debug, Clone, thiserror::Error)]
 pub enum CallError {
@@ -497,6 +509,61 @@ mod tests {
                 ..
             })
         ));
+    }
+
+    /// Forwarded checks are bulk to the transport, every other request is not.
+    #[test]
+    fn only_forwarded_checks_are_bulk() {
+        let vote = Vote::new_committed(1, 1);
+        let requests = [
+            PeerRequest::Append {
+                group: 1,
+                rpc: append(1, 2, 1),
+            },
+            PeerRequest::Vote {
+                group: 1,
+                rpc: VoteRequest::new(vote, None),
+            },
+            PeerRequest::Snapshot {
+                group: 1,
+                rpc: InstallSnapshotRequest {
+                    vote,
+                    meta: Default::default(),
+                    offset: 0,
+                    data: vec![0; 8],
+                    done: true,
+                },
+            },
+            PeerRequest::Members {
+                group: 1,
+                change: MemberChange::Remove { id: 3 },
+            },
+            PeerRequest::Forward {
+                group: 1,
+                commands: Vec::new(),
+                fast: false,
+            },
+            PeerRequest::RespAddr,
+            PeerRequest::Handover {
+                group: 1,
+                vote,
+                elect: true,
+            },
+            PeerRequest::ForwardWithin {
+                group: 1,
+                commands: Vec::new(),
+                fast: true,
+                within_us: 1,
+            },
+        ];
+        for r in &requests {
+            let forwarded = matches!(
+                r,
+                PeerRequest::Forward { .. } | PeerRequest::ForwardWithin { .. }
+            );
+            assert_eq!(is_bulk(&encode(r)), forwarded, "{r:?}");
+        }
+        assert!(!is_bulk(&[]));
     }
 
     /// A follower that records the AppendEntries it is sent and gives one answer to all.
