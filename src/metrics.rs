@@ -58,9 +58,10 @@ pub struct Metrics {
     /// it campaigned; `forward`: a check it forwarded): it still runs, and learns so that it
     /// is out (and asks no more: about once per shard, again after each restart of it).
     pub removed_refusals: IntCounterVec,
-    /// Snapshot chunks refused because they would leave a gap in the stream's buffer (the
-    /// leader then sends the stream from its start; see `raft::intake`).
-    pub snapshot_gaps: IntCounter,
+    /// Snapshot chunks this follower refused before openraft saw them (the leader then sends
+    /// the stream from its start; see `raft::intake`), by why: `gap` (it started past the
+    /// bytes received of its stream), `no_stream` (a stream this node is not receiving).
+    pub snapshot_chunks_refused: IntCounterVec,
     /// Cluster members only (refreshed every second):
     /// WAL submissions made durable, and the fsyncs that covered them.
     pub wal_appends: IntGauge,
@@ -200,9 +201,10 @@ impl Metrics {
                 "Requests from a node removed from a shard, refused (it still runs), by kind (vote, forward)",
                 &["kind"],
             ),
-            snapshot_gaps: counter(
-                "quorate_snapshot_chunk_gaps_total",
-                "Snapshot chunks refused because they started past the bytes received of their stream (the leader sends it again from its start)",
+            snapshot_chunks_refused: counter_vec(
+                "quorate_snapshot_chunks_refused_total",
+                "Snapshot chunks refused before openraft saw them, by why (gap: past the bytes received of their stream; no_stream: of a stream this node is not receiving); the leader sends the stream again from its start",
+                &["why"],
             ),
             wal_appends: gauge(
                 "quorate_wal_appends",

@@ -942,7 +942,14 @@ async fn a_snapshot_chunk_past_the_bytes_received_is_refused_without_allocating_
         grew < GAP / 4,
         "the follower's memory grew {grew} bytes on a refused chunk"
     );
-    assert_eq!(metric(&cluster, f, "quorate_snapshot_chunk_gaps_total"), 1);
+    assert_eq!(
+        metric(
+            &cluster,
+            f,
+            "quorate_snapshot_chunks_refused_total{why=\"gap\"}"
+        ),
+        1
+    );
     match send(16).await {
         PeerResponse::Snapshot(Ok(_)) => {}
         other => panic!("the stream's next chunk was not taken: {other:?}"),

@@ -308,13 +308,13 @@ pub enum PeerError {
     )]
     Timeout { peer: NodeId, after: Duration },
     #[error(
-        "{limit} calls to node {peer} are already waiting for replies: raise max_in_flight or \
-         send less"
+        "{limit} calls to node {peer} are already waiting for replies (max_in_flight, or \
+         max_bulk_in_flight of the bulk ones): send less"
     )]
     Overloaded { peer: NodeId, limit: usize },
     #[error(
         "node {peer} refused the request: too many of this node's requests already run there \
-         (its max_concurrent_requests)"
+         (its max_concurrent_requests, or max_bulk_requests of the bulk ones)"
     )]
     Busy { peer: NodeId },
     #[error("node {peer} failed the request: {message}")]

@@ -237,7 +237,9 @@ async fn read_requests<R: tokio::io::AsyncRead + Unpin>(
     let running = Arc::new(Semaphore::new(cfg.max_concurrent_requests));
     // Bulk requests hold a permit of both: at most `max_bulk_requests` of them run, and the
     // rest of `running` stays for the others.
-    let bulk = Arc::new(Semaphore::new(cfg.max_bulk_requests));
+    let bulk = cfg
+        .is_bulk
+        .map(|_| Arc::new(Semaphore::new(cfg.max_bulk_requests)));
     loop {
         let f = read_frame(&mut rd, cfg.max_frame, cfg.idle_timeout).await?;
         let reply = match f.kind {
@@ -274,10 +276,12 @@ fn permits(
     body: &[u8],
     cfg: &PeerConfig,
     running: &Arc<Semaphore>,
-    bulk: &Arc<Semaphore>,
+    bulk: &Option<Arc<Semaphore>>,
 ) -> Option<Permits> {
-    let of_bulk = match cfg.is_bulk {
-        Some(is_bulk) if is_bulk(body) => Some(bulk.clone().try_acquire_owned().ok()?),
+    let of_bulk = match (cfg.is_bulk, bulk) {
+        (Some(is_bulk), Some(bulk)) if is_bulk(body) => {
+            Some(bulk.clone().try_acquire_owned().ok()?)
+        }
         _ => None,
     };
     Some((running.clone().try_acquire_owned().ok()?, of_bulk))

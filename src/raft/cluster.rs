@@ -697,17 +697,22 @@ impl Cluster {
         let id = rpc.meta.snapshot_id.clone();
         let (vote, done) = (rpc.vote, rpc.done);
         let end = rpc.offset.saturating_add(rpc.data.len() as u64);
-        if let Err(gap) = group.intake.admit(&id, rpc.offset) {
-            tracing::warn!(group = group.id, %gap, "snapshot chunk refused: it leaves a gap");
-            self.metrics.snapshot_gaps.inc();
+        let offset = rpc.offset;
+        if let Err((why, mismatch)) = group.intake.admit(&id, offset) {
+            tracing::info!(group = group.id, %mismatch, why = why.label(), "snapshot chunk refused");
+            self.metrics
+                .snapshot_chunks_refused
+                .with_label_values(&[why.label()])
+                .inc();
             return Err(RaftError::APIError(InstallSnapshotError::SnapshotMismatch(
-                gap,
+                mismatch,
             )));
         }
         let answer = group.raft.install_snapshot(rpc).await;
-        // Taken unless refused for its vote (then the answer names a greater one).
+        // Taken unless refused for its vote (then the answer names a greater one, or one
+        // that cannot be compared).
         if answer.as_ref().is_ok_and(|r| r.vote <= vote) {
-            group.intake.took(&id, end, done);
+            group.intake.took(&id, offset, end, done);
         }
         answer
     }

@@ -156,7 +156,9 @@ pub fn decode<T: for<'de> Deserialize<'de>>(bytes: &[u8]) -> Result<T, String> {
 /// ([`crate::peer::PeerConfig::is_bulk`]): forwarded client checks, as many at once as the
 /// clients send. A flood of them then cannot take the room of Raft's appends and votes (a
 /// follower that answers its leader's heartbeats `Busy` calls an election). By the variant's
-/// index, which bincode writes first, in one byte below 251 (pinned by a test).
+/// index, which bincode writes first, in one byte below 251 (pinned by a test). (A peer
+/// holding the secret could write it in a longer varint, which bincode reads too, and have
+/// its forwards taken for other requests: with the secret it can do worse.)
 pub fn is_bulk(body: &[u8]) -> bool {
     body.first().is_some_and(|v| BULK_VARIANTS.contains(v))
 }
