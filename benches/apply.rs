@@ -97,5 +97,39 @@ fn apply(c: &mut Criterion) {
     g.finish();
 }
 
-criterion_group!(benches, apply);
+/// A snapshot's image of a shard of [`IMAGE_KEYS`] keys ([`ShardState::image`]): taken under
+/// the state machine's lock, so no entry of the shard applies meanwhile (every
+/// `--snapshot-every` entries). Per image, not per key.
+fn image(c: &mut Criterion) {
+    let mut g = c.benchmark_group("image");
+    g.sample_size(10);
+    let limit = Limit::new(Algorithm::Gcra, 100, SECOND, 10).unwrap();
+    let mut state = ShardState::new(bounds());
+    for chunk in 0..IMAGE_KEYS / BATCH as u64 {
+        let commands = (0..BATCH as u64)
+            .map(|i| Command::Check {
+                key: format!("api:user:{}", chunk * BATCH as u64 + i),
+                limit: limit.clone(),
+                cost: 1,
+                request_id: None,
+                on_full: OnUnavailable::Deny,
+            })
+            .collect();
+        state.apply(&Batch {
+            time: chunk * MILLISECOND,
+            commands,
+            later: Vec::new(),
+            epoch: 1,
+        });
+    }
+    g.bench_function(format!("{IMAGE_KEYS}_keys"), |b| {
+        b.iter(|| black_box(state.image()))
+    });
+    g.finish();
+}
+
+/// Keys of the shard [`image`] encodes.
+const IMAGE_KEYS: u64 = 100_000;
+
+criterion_group!(benches, apply, image);
 criterion_main!(benches);
