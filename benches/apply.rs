@@ -125,6 +125,10 @@ fn image(c: &mut Criterion) {
     g.bench_function(format!("{IMAGE_KEYS}_keys"), |b| {
         b.iter(|| black_box(state.image()))
     });
+    // What `/v1/admin/status` computes per shard, under the same lock.
+    g.bench_function(format!("{IMAGE_KEYS}_keys_digest"), |b| {
+        b.iter(|| black_box(state.digest()))
+    });
     g.finish();
 }
 

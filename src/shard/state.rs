@@ -454,8 +454,10 @@ impl ShardState {
     pub fn digest(&self) -> u64 {
         use super::route::fnv1a;
         let config = bincode::config::standard();
+        let mut entry = Vec::new();
         let keys = self.keys.iter().fold(0u64, |sum, (k, e)| {
-            let entry = bincode::serde::encode_to_vec((k, &e.limit, &e.state), config)
+            entry.clear();
+            bincode::serde::encode_into_std_write((k, &e.limit, &e.state), &mut entry, config)
                 .expect("a key's state always encodes");
             sum.wrapping_add(fnv1a(&entry))
         });
