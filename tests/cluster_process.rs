@@ -157,6 +157,25 @@ async fn every_node_answers_and_the_limit_holds_across_them() {
     assert!(views[0].iter().all(Option::is_some));
     assert_eq!(views[0], views[1]);
     assert_eq!(views[1], views[2]);
+    // Each shard's state digest only when asked for (it holds the shard's applies).
+    let http =
+        |path: &str| blocking(|| cluster_support::http(cluster.members[0].http, "GET", path, ""));
+    let plain = http("/v1/admin/status");
+    assert!(plain.starts_with("HTTP/1.1 200"), "{plain}");
+    assert!(!plain.contains("\"digest\""), "{plain}");
+    let groups = &blocking(|| cluster.status(0))["cluster"]["groups"];
+    for g in groups.as_array().unwrap() {
+        let digest = g["digest"].as_str().unwrap();
+        assert!(
+            digest.len() == 16 && digest.chars().all(|c| c.is_ascii_hexdigit()),
+            "{g}"
+        );
+    }
+    let bad = http("/v1/admin/status?digest=maybe");
+    assert!(
+        bad.starts_with("HTTP/1.1 400") && bad.contains("digest=true"),
+        "{bad}"
+    );
 }
 
 /// Load over 48 keys: acknowledged and unknown outcomes per key.

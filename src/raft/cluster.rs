@@ -290,8 +290,10 @@ pub struct GroupStatus {
     pub early_purges: u64,
     pub entries_proposed: u64,
     /// A hash of the shard's applied state (keys and their states, order-independent):
-    /// equal on every replica that applied the same entries.
-    pub digest: String,
+    /// equal on every replica that applied the same entries. Only when asked for
+    /// ([`Cluster::status_with`]).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub digest: Option<String>,
 }
 
 /// Builds a group's log storage (the node's shared WAL hands these out).
@@ -1485,12 +1487,13 @@ impl Cluster {
         super::rpc::encode(&response)
     }
 
-    /// Every group's Raft state as this node sees it.
+    /// Every group's Raft state as this node sees it, without the state digests.
     pub fn status(&self) -> Vec<GroupStatus> {
-        self.status_with(true)
+        self.status_with(false)
     }
 
-    /// [`Cluster::status`]; `digests: false` skips hashing every shard's table.
+    /// [`Cluster::status`]; with `digests`, every shard's applied state is hashed too
+    /// (`ShardState::digest`, under the state's lock: the shard's applies wait for it).
     pub fn status_with(&self, digests: bool) -> Vec<GroupStatus> {
         self.groups
             .iter()
@@ -1530,11 +1533,7 @@ impl Cluster {
                     snapshots_installed: g.info.installed.load(Ordering::Relaxed),
                     early_purges: g.info.early_purges.load(Ordering::Relaxed),
                     entries_proposed: g.proposed.load(Ordering::Relaxed),
-                    digest: if digests {
-                        format!("{:016x}", lock(&g.info_state).digest())
-                    } else {
-                        String::new()
-                    },
+                    digest: digests.then(|| format!("{:016x}", lock(&g.info_state).digest())),
                 }
             })
             .collect()

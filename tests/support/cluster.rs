@@ -225,7 +225,12 @@ impl Cluster {
 
     /// The cluster status (JSON) as member `i` sees it.
     pub fn status(&self, i: usize) -> serde_json::Value {
-        let r = http(self.members[i].http, "GET", "/v1/admin/status", "");
+        let r = http(
+            self.members[i].http,
+            "GET",
+            "/v1/admin/status?digest=true",
+            "",
+        );
         let body = r.split_once("\r\n\r\n").map(|(_, b)| b).unwrap_or("");
         serde_json::from_str(body).unwrap_or(serde_json::Value::Null)
     }

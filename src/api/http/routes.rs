@@ -151,8 +151,27 @@ async fn readyz(State(st): State<AppState>) -> Response {
     }
 }
 
-async fn status(State(st): State<AppState>) -> Response {
-    Json(st.service.status()).into_response()
+/// `GET /v1/admin/status`; `?digest=true` adds each shard's state digest (a cost to the
+/// shards' applies: see `Service::status_with`).
+async fn status(
+    State(st): State<AppState>,
+    query: Result<Query<Vec<(String, String)>>, QueryRejection>,
+) -> Response {
+    const ROUTE: &str = "/v1/admin/status";
+    let digests = match query.as_ref().map(|q| q.0.as_slice()) {
+        Ok([]) => false,
+        Ok([(name, value)]) if name == "digest" && (value == "true" || value == "false") => {
+            value == "true"
+        }
+        _ => {
+            return Reject::bad(
+                "bad_query",
+                "the only parameter is digest=true (each shard's state digest) or digest=false",
+            )
+            .respond(st.service.metrics(), ROUTE)
+        }
+    };
+    Json(st.service.status_with(digests)).into_response()
 }
 
 async fn reload(State(st): State<AppState>) -> Response {
