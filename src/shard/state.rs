@@ -450,7 +450,9 @@ impl ShardState {
     /// A digest of the whole state ([`ShardState::image`]: keys, their limits and states,
     /// the request ids with what each remembers, refunds included, and the time), for
     /// comparing replicas: independent of the key table's iteration order (each key's
-    /// encoding is hashed, and the hashes summed).
+    /// encoding is hashed, the hash mixed, and the results summed: unmixed, FNV-1a's last
+    /// step is a multiplication of `(rest ^ last byte)`, so the sum of two keys' hashes
+    /// could stay the same with their last bytes swapped, e.g. two counts).
     pub fn digest(&self) -> u64 {
         use super::route::fnv1a;
         let config = bincode::config::standard();
@@ -459,7 +461,7 @@ impl ShardState {
             entry.clear();
             bincode::serde::encode_into_std_write((k, &e.limit, &e.state), &mut entry, config)
                 .expect("a key's state always encodes");
-            sum.wrapping_add(fnv1a(&entry))
+            sum.wrapping_add(mix(fnv1a(&entry)))
         });
         let rest = ImageRef {
             time: self.time,
@@ -478,6 +480,15 @@ impl ShardState {
         bytes.extend_from_slice(&(self.keys.len() as u64).to_le_bytes());
         fnv1a(&bytes)
     }
+}
+
+/// The 64-bit finaliser of MurmurHash3: every input bit flips about half the output bits.
+fn mix(mut h: u64) -> u64 {
+    h ^= h >> 33;
+    h = h.wrapping_mul(0xff51_afd7_ed55_8ccd);
+    h ^= h >> 33;
+    h = h.wrapping_mul(0xc4ce_b9fe_1a85_ec53);
+    h ^ (h >> 33)
 }
 
 #[cfg(test)]
@@ -963,8 +974,9 @@ mod tests {
     }
 
     /// Images are not sorted: the digest, not the bytes, says two states are equal. Keys
-    /// inserted in another order, and a state restored from an image, digest the same; a
-    /// key's state, a key more, or a request id more do not.
+    /// inserted in another order, and a state restored from an image, digest the same (each
+    /// table's own random seed orders its keys too); a key's state, a key more, or a request
+    /// id more do not.
     #[test]
     fn the_digest_tells_states_apart_whatever_the_key_order() {
         let keys: Vec<String> = (0..200).map(|i| format!("key-{i}")).collect();
@@ -988,6 +1000,34 @@ mod tests {
         let mut id = fill(&mut keys.iter());
         id.apply(&Batch::at(5, vec![check("key-7", &tb(), 0, Some("r1"))]));
         assert_ne!(id.digest(), a.digest(), "a request id more");
+    }
+
+    /// Two keys' counts swapped (an admission on the wrong key) change the digest: each
+    /// pair differs only in the last byte of two keys' encodings.
+    #[test]
+    fn the_digest_tells_swapped_counts_apart() {
+        let window = Limit::new(Algorithm::FixedWindow, 100, 60 * SECOND, 100).unwrap();
+        let state = |costs: &[(String, u64)]| {
+            let mut s = ShardState::new(bounds(100));
+            let commands = costs
+                .iter()
+                .map(|(k, c)| check(k, &window, *c, None))
+                .collect();
+            s.apply(&Batch::at(5, commands));
+            s
+        };
+        for pair in 0..16 {
+            // Keys of the same bit parity: unmixed, FNV-1a's sums of such a pair's two
+            // states are equal (the low bit of its state before the last byte is theirs).
+            let (a, b) = (format!("a{pair}"), format!("c{pair}"));
+            let x = state(&[(a.clone(), 2), (b.clone(), 3)]);
+            let y = state(&[(a.clone(), 3), (b.clone(), 2)]);
+            assert_ne!(
+                x.digest(),
+                y.digest(),
+                "{a} and {b} with their counts swapped"
+            );
+        }
     }
 
     #[test]

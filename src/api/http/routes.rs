@@ -171,7 +171,25 @@ async fn status(
             .respond(st.service.metrics(), ROUTE)
         }
     };
-    Json(st.service.status_with(digests)).into_response()
+    if !digests {
+        return Json(st.service.status()).into_response();
+    }
+    // Each shard's digest holds its applies while it is computed: one request at a time,
+    // off the runtime's workers.
+    static DIGESTS: tokio::sync::Semaphore = tokio::sync::Semaphore::const_new(1);
+    let Ok(_one) = DIGESTS.acquire().await else {
+        unreachable!("the semaphore is never closed")
+    };
+    let svc = st.service.clone();
+    match tokio::task::spawn_blocking(move || svc.status_with(true)).await {
+        Ok(status) => Json(status).into_response(),
+        Err(e) => Reject::new(
+            StatusCode::INTERNAL_SERVER_ERROR,
+            "status_failed",
+            format!("the status did not finish ({e})"),
+        )
+        .respond(st.service.metrics(), ROUTE),
+    }
 }
 
 async fn reload(State(st): State<AppState>) -> Response {
