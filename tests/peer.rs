@@ -464,18 +464,27 @@ async fn a_node_at_the_wrong_address_is_not_trusted_as_the_one_dialed() {
     assert_eq!(s.calls.load(Ordering::SeqCst), 0);
 }
 
+/// `n` calls of `body` to the server, each in a task of its own.
+fn spawn_calls(
+    p: &Peers<TcpConnector>,
+    n: usize,
+    body: &'static [u8],
+) -> Vec<JoinHandle<Result<Vec<u8>, PeerError>>> {
+    (0..n)
+        .map(|_| {
+            let p = p.clone();
+            tokio::spawn(async move { p.call(SERVER, body.to_vec(), LONG).await })
+        })
+        .collect()
+}
+
 #[tokio::test]
 async fn calls_beyond_the_in_flight_limit_fail_as_overloaded() {
     let s = Server::start(cfg(SERVER, SECRET)).await;
     let mut c = cfg(CLIENT, SECRET);
     c.max_in_flight = 2;
     let p = peers(c, s.addr);
-    let slow: Vec<_> = (0..2)
-        .map(|_| {
-            let p = p.clone();
-            tokio::spawn(async move { p.call(SERVER, b"sleep 500 ".to_vec(), LONG).await })
-        })
-        .collect();
+    let slow = spawn_calls(&p, 2, b"sleep 500 ");
     let calls = s.calls.clone();
     until("both slow calls to run", || {
         calls.load(Ordering::SeqCst) == 2
@@ -528,12 +537,7 @@ async fn bulk_requests_cannot_take_the_servers_room_for_the_others() {
     c.is_bulk = Some(sleepy);
     let s = Server::start(c).await;
     let p = peers(cfg(CLIENT, SECRET), s.addr);
-    let slow: Vec<_> = (0..3)
-        .map(|_| {
-            let p = p.clone();
-            tokio::spawn(async move { p.call(SERVER, b"sleep 2000 ".to_vec(), LONG).await })
-        })
-        .collect();
+    let slow = spawn_calls(&p, 3, b"sleep 2000 ");
     let (calls, stats) = (s.calls.clone(), s.stats.clone());
     until(
         "two slow requests to run and the third to be answered busy",
@@ -564,12 +568,7 @@ async fn bulk_calls_beyond_their_share_of_the_in_flight_limit_fail_as_overloaded
     c.max_bulk_in_flight = 2;
     c.is_bulk = Some(sleepy);
     let p = peers(c, s.addr);
-    let slow: Vec<_> = (0..2)
-        .map(|_| {
-            let p = p.clone();
-            tokio::spawn(async move { p.call(SERVER, b"sleep 1000 ".to_vec(), LONG).await })
-        })
-        .collect();
+    let slow = spawn_calls(&p, 2, b"sleep 1000 ");
     let calls = s.calls.clone();
     until("both slow calls to run", || {
         calls.load(Ordering::SeqCst) == 2
