@@ -392,22 +392,26 @@ impl ShardState {
         }
     }
 
+    /// The request ids remembered, in expiry order, with the time each expires from and
+    /// what it remembers: as an image carries them.
+    fn remembered_ids(&self) -> Vec<(Nanos, Digest16, Remembered)> {
+        self.ids
+            .expiry
+            .iter()
+            .filter_map(|(at, id)| self.ids.answers.get(id).map(|d| (*at, *id, *d)))
+            .collect()
+    }
+
     /// The whole state as bytes (a Raft snapshot): the keys in the table's order, the
     /// request ids in expiry order. Taken between two applies (openraft's state machine
     /// waits for it), so the keys are not sorted: the sort was four fifths of an image's time
     /// (`cargo bench --bench apply -- image`). Equal states may thus encode differently
     /// (replicas compare [`ShardState::digest`]s).
     pub fn image(&self) -> Vec<u8> {
-        let ids: Vec<(Nanos, Digest16, Remembered)> = self
-            .ids
-            .expiry
-            .iter()
-            .filter_map(|(at, id)| self.ids.answers.get(id).map(|d| (*at, *id, *d)))
-            .collect();
         let image = ImageRef {
             time: self.time,
             keys: KeysRef(&self.keys),
-            ids,
+            ids: self.remembered_ids(),
             members: &self.members,
         };
         bincode::serde::encode_to_vec(&image, bincode::config::standard())
@@ -466,12 +470,7 @@ impl ShardState {
         let rest = ImageRef {
             time: self.time,
             keys: KeysRef(&HashMap::default()),
-            ids: self
-                .ids
-                .expiry
-                .iter()
-                .filter_map(|(at, id)| self.ids.answers.get(id).map(|d| (*at, *id, *d)))
-                .collect(),
+            ids: self.remembered_ids(),
             members: &self.members,
         };
         let mut bytes =
