@@ -97,9 +97,16 @@ fn apply(c: &mut Criterion) {
     g.finish();
 }
 
-/// A snapshot's image of a shard of [`IMAGE_KEYS`] keys ([`ShardState::image`]): taken under
-/// the state machine's lock, so no entry of the shard applies meanwhile (every
-/// `--snapshot-every` entries). Per image, not per key.
+/// A snapshot's image of a shard of [`IMAGE_KEYS`] keys, and the copies of its state a
+/// member takes: what the state machine's lock is held for (no entry of the shard applies
+/// meanwhile) and what is done off it. Per image or copy, not per key.
+///
+/// - `pending`: what a snapshot takes under the lock ([`ShardState::pending_image`]);
+/// - `keys`: the image's encoding, done by the snapshot's build while the shard applies on;
+/// - `clone`: a fast leader's speculative state, seeded with a copy under the lock;
+/// - `apply_after_clone`: a batch of [`BATCH`] checks applied to a state whose key table a
+///   copy still shares (each part a check changes is copied first);
+/// - `digest`: what `/v1/admin/status?digest=true` computes per shard, under the lock.
 fn image(c: &mut Criterion) {
     let mut g = c.benchmark_group("image");
     g.sample_size(10);
@@ -122,10 +129,29 @@ fn image(c: &mut Criterion) {
             epoch: 1,
         });
     }
+    g.bench_function(format!("{IMAGE_KEYS}_keys_pending"), |b| {
+        b.iter(|| black_box(state.pending_image()))
+    });
     g.bench_function(format!("{IMAGE_KEYS}_keys"), |b| {
         b.iter(|| black_box(state.image()))
     });
-    // What `/v1/admin/status` computes per shard, under the same lock.
+    g.bench_function(format!("{IMAGE_KEYS}_keys_clone"), |b| {
+        b.iter(|| black_box(state.share()))
+    });
+    let mut batches = Batches::new(false);
+    batches.n = IMAGE_KEYS / BATCH as u64;
+    g.bench_function(format!("{IMAGE_KEYS}_keys_apply_after_clone"), |b| {
+        b.iter_batched(
+            || (state.share(), batches.next()),
+            // The copy (with the parts it copied), the batch and the results are dropped
+            // outside the timing.
+            |(mut copy, batch)| {
+                let applied = copy.apply(&batch);
+                (copy, batch, black_box(applied))
+            },
+            BatchSize::SmallInput,
+        )
+    });
     g.bench_function(format!("{IMAGE_KEYS}_keys_digest"), |b| {
         b.iter(|| black_box(state.digest()))
     });

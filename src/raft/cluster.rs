@@ -1893,7 +1893,7 @@ async fn propose_loop(cluster: Arc<Cluster>, group: Arc<Group>) {
         {
             spec = Some(Speculative {
                 term,
-                state: lock(&group.info_state).clone(),
+                state: lock(&group.info_state).share(),
             });
         }
         // The waits above (up to `unavailable_after` each) may have outlived deadlines.

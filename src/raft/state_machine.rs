@@ -13,7 +13,7 @@
 use super::hooks::{AppliedEntry, Hooks};
 use super::rpc::Removal;
 use super::types::{Applies, GroupId, NodeId, TypeConfig};
-use crate::shard::state::{Bounds, ShardState};
+use crate::shard::state::{Bounds, PendingImage, ShardState};
 use arc_swap::ArcSwap;
 use openraft::storage::RaftStateMachine;
 use openraft::{
@@ -278,21 +278,35 @@ impl SnapshotFile {
 }
 
 pub struct ShardSnapshotBuilder {
-    /// Write the snapshot inline (see [`crate::member::blocking_io`]).
+    /// Encode and write the snapshot inline (see [`crate::member::blocking_io`]).
     inline: bool,
-    stored: Stored,
+    meta: Meta,
+    /// The state as of `meta`, encoded by the build (taken by it: openraft builds once).
+    pending: Option<PendingImage>,
     file: Arc<SnapshotFile>,
     info: Arc<MachineInfo>,
 }
 
 impl RaftSnapshotBuilder<TypeConfig> for ShardSnapshotBuilder {
     async fn build_snapshot(&mut self) -> Result<Snapshot<TypeConfig>, StorageError<NodeId>> {
-        let stored = self.stored.clone();
-        let (file, written) = (self.file.clone(), stored.clone());
+        let pending = self
+            .pending
+            .take()
+            .ok_or_else(|| snap_write("this snapshot was built already"))?;
+        let (file, meta) = (self.file.clone(), self.meta.clone());
+        // Encoded here, in a task of its own, while the shard applies on: the image's key
+        // table shares its parts with the state's until either changes them.
         // Built anyway if a newer snapshot is in the file: openraft keeps its newer one.
-        crate::member::blocking_io(self.inline, move || file.persist(&written))
-            .await
-            .map_err(snap_write)?;
+        let stored = crate::member::blocking_io(self.inline, move || {
+            let stored = Stored {
+                meta,
+                data: Arc::new(pending.encode()),
+            };
+            file.persist(&stored)?;
+            Ok(stored)
+        })
+        .await
+        .map_err(snap_write)?;
         self.info.snapshots.fetch_add(1, Ordering::Relaxed);
         Ok(Snapshot {
             meta: stored.meta,
@@ -358,8 +372,9 @@ impl RaftStateMachine<TypeConfig> for ShardMachine {
     }
 
     async fn get_snapshot_builder(&mut self) -> ShardSnapshotBuilder {
-        // Encode now, between applies, so the image matches `last_applied` exactly.
-        let data = lock(&self.state).image();
+        // Taken now, between applies, so the image matches `last_applied` exactly; encoded
+        // by the build (a copy of the key table that shares its parts: microseconds).
+        let pending = lock(&self.state).pending_image();
         let n = self.built.fetch_add(1, Ordering::Relaxed);
         let snapshot_id = match self.last_applied {
             Some(l) => format!("g{}-t{}-i{}-{n}", self.group, l.leader_id.term, l.index),
@@ -367,14 +382,12 @@ impl RaftStateMachine<TypeConfig> for ShardMachine {
         };
         ShardSnapshotBuilder {
             inline: self.hooks.io_on_runtime,
-            stored: Stored {
-                meta: SnapshotMeta {
-                    last_log_id: self.last_applied,
-                    last_membership: self.membership.clone(),
-                    snapshot_id,
-                },
-                data: Arc::new(data),
+            meta: SnapshotMeta {
+                last_log_id: self.last_applied,
+                last_membership: self.membership.clone(),
+                snapshot_id,
             },
+            pending: Some(pending),
             file: self.file.clone(),
             info: self.info.clone(),
         }
@@ -557,6 +570,71 @@ mod tests {
         assert_eq!(late.meta.last_log_id.unwrap().index, 1);
         assert_eq!(lagging.info().snapshot_durable.load(Ordering::Acquire), 3);
         assert_eq!(snapshot_indexes(&mut lagging, &lagging_dir).await, (3, 3));
+    }
+
+    /// A batch of checks, one admitted per key on a fresh table.
+    fn checks(index: u64, keys: std::ops::Range<u64>) -> Entry<TypeConfig> {
+        use crate::limiter::{Algorithm, Limit, SECOND};
+        let limit = Limit::new(Algorithm::Gcra, 10, SECOND, 10).unwrap();
+        let commands = keys
+            .map(|k| crate::shard::command::Command::Check {
+                key: format!("key-{k}"),
+                limit: limit.clone(),
+                cost: 1,
+                request_id: None,
+                on_full: crate::policy::OnUnavailable::Deny,
+            })
+            .collect();
+        let batch = crate::shard::command::Batch {
+            time: index * 1_000_000,
+            commands,
+            later: Vec::new(),
+            epoch: 1,
+        };
+        Entry {
+            log_id: LogId::new(CommittedLeaderId::new(1, 1), index),
+            payload: EntryPayload::Normal(Arc::new(batch)),
+        }
+    }
+
+    /// openraft takes the builder between two applies and runs the build in a task of its
+    /// own while the shard applies on: the image is encoded then, and must be of the state
+    /// when the builder was taken (the snapshot's `last_log_id`), not of what was applied
+    /// since.
+    #[tokio::test]
+    async fn a_snapshot_is_of_the_state_its_builder_was_taken_at() {
+        let dir = tempfile::tempdir().unwrap();
+        let bounds = Bounds {
+            max_keys: 1_000_000,
+            ..bounds()
+        };
+        let mut sm = ShardMachine::open(dir.path(), 0, bounds).unwrap();
+        sm.apply([membership(1, &[1, 2, 3]), checks(2, 0..20_000)])
+            .await
+            .unwrap();
+        let at_build = lock(&sm.state()).digest();
+        let mut build = sm.get_snapshot_builder().await;
+        // Applied after the builder was taken: a key changed, keys added, keys evicted.
+        let evict = Entry {
+            log_id: LogId::new(CommittedLeaderId::new(1, 1), 5),
+            payload: EntryPayload::Normal(Arc::new(crate::shard::command::Batch {
+                time: 10_000_000_000,
+                commands: vec![crate::shard::command::Command::Evict],
+                later: Vec::new(),
+                epoch: 1,
+            })),
+        };
+        sm.apply([checks(3, 0..1), checks(4, 20_000..30_000), evict])
+            .await
+            .unwrap();
+        let now = lock(&sm.state()).digest();
+        assert_ne!(now, at_build);
+        assert_eq!(lock(&sm.state()).len(), 0, "every key evicted");
+        let built = build.build_snapshot().await.unwrap();
+        assert_eq!(built.meta.last_log_id.unwrap().index, 2);
+        let image = ShardState::from_image(built.snapshot.get_ref(), bounds).unwrap();
+        assert_eq!((image.len(), image.digest()), (20_000, at_build));
+        assert_eq!(lock(&sm.state()).digest(), now, "the build changed nothing");
     }
 
     #[tokio::test]

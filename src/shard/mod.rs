@@ -12,3 +12,4 @@ pub mod command;
 pub mod lane;
 pub mod route;
 pub mod state;
+pub mod table;

@@ -5,8 +5,10 @@
 //! batch) and its decisions never depend on hash-table iteration order.
 
 use super::command::{Applied, Batch, Command, Fallback};
+use super::table::{KeyTable, PartRef};
 use crate::limiter::{Decision, KeyState, Limit, Nanos, Outcome, SECOND};
 use crate::policy::OnUnavailable;
+use std::cell::RefCell;
 use std::collections::{BTreeSet, VecDeque};
 
 /// The shard tables' hash map: foldhash is several times faster than SipHash on short keys.
@@ -106,20 +108,75 @@ pub struct Bounds {
 
 /// A shard's state as a snapshot carries it (see [`ShardState::image`]).
 #[derive(serde::Serialize)]
-struct ImageRef<'a> {
+struct ImageRef<'a, K: serde::Serialize> {
     time: Nanos,
-    keys: KeysRef<'a>,
-    ids: Vec<(Nanos, Digest16, Remembered)>,
+    keys: K,
+    ids: &'a [(Nanos, Digest16, Remembered)],
     members: &'a MemberHistory,
 }
 
 /// The key table as an image carries it: `(key, limit, state)` in the table's own order,
 /// encoded as a sequence (as a `Vec` of them is).
-struct KeysRef<'a>(&'a HashMap<String, Entry>);
+struct KeysRef<'a>(&'a KeyTable<Entry>);
 
 impl serde::Serialize for KeysRef<'_> {
     fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
-        s.collect_seq(self.0.iter().map(|(k, e)| (k, &e.limit, &e.state)))
+        use serde::ser::SerializeSeq;
+        let mut seq = s.serialize_seq(Some(self.0.len()))?;
+        for (k, e) in self.0.iter() {
+            seq.serialize_element(&(k, &e.limit, &e.state))?;
+        }
+        seq.end()
+    }
+}
+
+/// The same from a copy of the table ([`PendingImage`]), each part dropped once encoded:
+/// a part no copy shares any longer is not copied when the shard, applying on meanwhile,
+/// changes it. So this encodes once: a second time it would give the length, no keys.
+struct KeysOnce {
+    len: usize,
+    parts: RefCell<Vec<PartRef<Entry>>>,
+}
+
+impl serde::Serialize for KeysOnce {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        use serde::ser::SerializeSeq;
+        let parts = std::mem::take(&mut *self.parts.borrow_mut());
+        let mut seq = s.serialize_seq(Some(self.len))?;
+        for part in parts {
+            for (k, e) in part.iter() {
+                seq.serialize_element(&(k, &e.limit, &e.state))?;
+            }
+        }
+        seq.end()
+    }
+}
+
+/// A shard's state as of one apply, to encode as an image later, off the state machine's
+/// lock ([`ShardState::pending_image`]): the key table is a copy that shares its parts
+/// ([`KeyTable::share`]), so taking it costs the lock a reference count per part, not an
+/// encoding of every key.
+pub struct PendingImage {
+    time: Nanos,
+    keys: KeyTable<Entry>,
+    ids: Vec<(Nanos, Digest16, Remembered)>,
+    members: MemberHistory,
+}
+
+impl PendingImage {
+    /// The image's bytes ([`ShardState::image`]).
+    pub fn encode(self) -> Vec<u8> {
+        let image = ImageRef {
+            time: self.time,
+            keys: KeysOnce {
+                len: self.keys.len(),
+                parts: RefCell::new(self.keys.into_parts()),
+            },
+            ids: &self.ids,
+            members: &self.members,
+        };
+        bincode::serde::encode_to_vec(&image, bincode::config::standard())
+            .expect("a shard image always encodes")
     }
 }
 
@@ -133,7 +190,7 @@ struct Image {
 
 #[derive(Debug, Clone)]
 pub struct ShardState {
-    keys: HashMap<String, Entry>,
+    keys: KeyTable<Entry>,
     ids: Idempotency,
     members: MemberHistory,
     bounds: Bounds,
@@ -163,7 +220,7 @@ fn at_cap(limit: &Limit, on_full: OnUnavailable) -> Decision {
 impl ShardState {
     pub fn new(bounds: Bounds) -> Self {
         ShardState {
-            keys: HashMap::default(),
+            keys: KeyTable::default(),
             ids: Idempotency::default(),
             members: MemberHistory::default(),
             bounds,
@@ -326,9 +383,7 @@ impl ShardState {
                 Applied::Refunded
             }
             Command::Evict => {
-                let before = self.keys.len();
-                self.keys.retain(|_, e| !e.limit.is_fresh(&e.state, now));
-                Applied::Evicted((before - self.keys.len()) as u64)
+                Applied::Evicted(self.keys.retain(|_, e| !e.limit.is_fresh(&e.state, now)) as u64)
             }
         }
     }
@@ -403,19 +458,42 @@ impl ShardState {
     }
 
     /// The whole state as bytes (a Raft snapshot): the keys in the table's order, the
-    /// request ids in expiry order. Taken between two applies (openraft's state machine
-    /// waits for it), so the keys are not sorted: the sort was four fifths of an image's time
-    /// (`cargo bench --bench apply -- image`). Equal states may thus encode differently
-    /// (replicas compare [`ShardState::digest`]s).
+    /// request ids in expiry order. The keys are not sorted: the sort was four fifths of an
+    /// image's time (`cargo bench --bench apply -- image`). Equal states may thus encode
+    /// differently (replicas compare [`ShardState::digest`]s).
     pub fn image(&self) -> Vec<u8> {
         let image = ImageRef {
             time: self.time,
             keys: KeysRef(&self.keys),
-            ids: self.remembered_ids(),
+            ids: &self.remembered_ids(),
             members: &self.members,
         };
         bincode::serde::encode_to_vec(&image, bincode::config::standard())
             .expect("a shard image always encodes")
+    }
+
+    /// The state as of now, to encode as an image later ([`PendingImage::encode`]): what a
+    /// snapshot takes between two applies, encoded while the shard applies on.
+    pub fn pending_image(&mut self) -> PendingImage {
+        PendingImage {
+            time: self.time,
+            keys: self.keys.share(),
+            ids: self.remembered_ids(),
+            members: self.members.clone(),
+        }
+    }
+
+    /// A copy of the state whose key table shares its parts with this one's
+    /// ([`KeyTable::share`]): a reference count per part, where `clone` copies every key.
+    /// What a fast leader's speculative state starts from.
+    pub fn share(&mut self) -> ShardState {
+        ShardState {
+            keys: self.keys.share(),
+            ids: self.ids.clone(),
+            members: self.members.clone(),
+            bounds: self.bounds,
+            time: self.time,
+        }
     }
 
     /// Rebuilds a state from [`ShardState::image`] bytes, with this node's bounds.
@@ -469,8 +547,8 @@ impl ShardState {
         });
         let rest = ImageRef {
             time: self.time,
-            keys: KeysRef(&HashMap::default()),
-            ids: self.remembered_ids(),
+            keys: KeysRef(&KeyTable::default()),
+            ids: &self.remembered_ids(),
             members: &self.members,
         };
         let mut bytes =
