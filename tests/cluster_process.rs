@@ -2226,6 +2226,22 @@ fn quorate_dev_runs_three_members_that_status_shows_and_stops_them_all() {
         SHARDS,
         "{table}"
     );
+    // With `--digest`, each shard's digest of its state: 16 hex digits.
+    let status = Command::new(env!("CARGO_BIN_EXE_quorate"))
+        .args(["status", "--digest", "--http-addr", &http.to_string()])
+        .output()
+        .unwrap();
+    let table = String::from_utf8_lossy(&status.stdout);
+    assert!(status.status.success(), "{table}");
+    let hex16 = |w: &str| w.len() == 16 && w.chars().all(|c| c.is_ascii_hexdigit());
+    assert_eq!(
+        table
+            .lines()
+            .filter(|l| l.split_whitespace().any(hex16))
+            .count(),
+        SHARDS,
+        "{table}"
+    );
     // SIGTERM to dev stops all three members, and dev exits cleanly.
     unsafe { kill(dev.id() as i32, 15) };
     let started = Instant::now();
