@@ -106,7 +106,9 @@ fn apply(c: &mut Criterion) {
 /// - `clone`: a fast leader's speculative state, seeded with a copy under the lock;
 /// - `apply_after_clone`: a batch of [`BATCH`] checks applied to a state whose key table a
 ///   copy still shares (each part a check changes is copied first);
-/// - `digest`: what `/v1/admin/status?digest=true` computes per shard, under the lock.
+/// - `digest`: what `/v1/admin/status?digest=true` computes per shard, under the lock;
+/// - `100000_ids_*`: `pending` and `clone` of a shard whose request id table is full: the
+///   ids are still copied under the lock.
 fn image(c: &mut Criterion) {
     let mut g = c.benchmark_group("image");
     g.sample_size(10);
@@ -155,6 +157,17 @@ fn image(c: &mut Criterion) {
     g.bench_function(format!("{IMAGE_KEYS}_keys_digest"), |b| {
         b.iter(|| black_box(state.digest()))
     });
+    // The request ids a snapshot and a shared copy still copy under the lock: a shard with
+    // its id table full (100,000 ids, the default cap) and 5,000 keys.
+    let mut batches = Batches::new(true);
+    let mut ids = ShardState::new(bounds());
+    for _ in 0..2_000 {
+        ids.apply(&batches.next());
+    }
+    g.bench_function("100000_ids_pending", |b| {
+        b.iter(|| black_box(ids.pending_image()))
+    });
+    g.bench_function("100000_ids_clone", |b| b.iter(|| black_box(ids.share())));
     g.finish();
 }
 

@@ -5,7 +5,7 @@
 //! batch) and its decisions never depend on hash-table iteration order.
 
 use super::command::{Applied, Batch, Command, Fallback};
-use super::table::{KeyTable, PartRef};
+use super::table::{KeyTable, Part, PartRef};
 use crate::limiter::{Decision, KeyState, Limit, Nanos, Outcome, SECOND};
 use crate::policy::OnUnavailable;
 use std::cell::RefCell;
@@ -49,6 +49,15 @@ struct Remembered {
     /// what a refund under the id must name and may give back at most. Zero otherwise.
     key: Digest16,
     cost: u64,
+}
+
+impl Idempotency {
+    /// The request ids remembered, in expiry order, with the time each expires from and
+    /// what it remembers: as an image carries them.
+    fn remembered(&self) -> Vec<(Nanos, Digest16, Remembered)> {
+        let answer = |(at, id): &(Nanos, Digest16)| self.answers.get(id).map(|d| (*at, *id, *d));
+        self.expiry.iter().filter_map(answer).collect()
+    }
 }
 
 impl Remembered {
@@ -121,12 +130,7 @@ struct KeysRef<'a>(&'a KeyTable<Entry>);
 
 impl serde::Serialize for KeysRef<'_> {
     fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
-        use serde::ser::SerializeSeq;
-        let mut seq = s.serialize_seq(Some(self.0.len()))?;
-        for (k, e) in self.0.iter() {
-            seq.serialize_element(&(k, &e.limit, &e.state))?;
-        }
-        seq.end()
+        keys_seq(s, self.0.len(), self.0.part_refs())
     }
 }
 
@@ -140,16 +144,24 @@ struct KeysOnce {
 
 impl serde::Serialize for KeysOnce {
     fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
-        use serde::ser::SerializeSeq;
-        let parts = std::mem::take(&mut *self.parts.borrow_mut());
-        let mut seq = s.serialize_seq(Some(self.len))?;
-        for part in parts {
-            for (k, e) in part.iter() {
-                seq.serialize_element(&(k, &e.limit, &e.state))?;
-            }
-        }
-        seq.end()
+        keys_seq(s, self.len, std::mem::take(&mut *self.parts.borrow_mut()))
     }
+}
+
+/// The `len` keys of `parts` as one sequence, part by part.
+fn keys_seq<S, P>(s: S, len: usize, parts: impl IntoIterator<Item = P>) -> Result<S::Ok, S::Error>
+where
+    S: serde::Serializer,
+    P: std::ops::Deref<Target = Part<Entry>>,
+{
+    use serde::ser::SerializeSeq;
+    let mut seq = s.serialize_seq(Some(len))?;
+    for part in parts {
+        for (k, e) in part.iter() {
+            seq.serialize_element(&(k, &e.limit, &e.state))?;
+        }
+    }
+    seq.end()
 }
 
 /// A shard's state as of one apply, to encode as an image later, off the state machine's
@@ -159,7 +171,9 @@ impl serde::Serialize for KeysOnce {
 pub struct PendingImage {
     time: Nanos,
     keys: KeyTable<Entry>,
-    ids: Vec<(Nanos, Digest16, Remembered)>,
+    /// A copy (listed in expiry order by the encoding: a lookup per id, 5x the copy's time
+    /// at 100,000 ids, `cargo bench --bench apply -- ids`).
+    ids: Idempotency,
     members: MemberHistory,
 }
 
@@ -172,7 +186,7 @@ impl PendingImage {
                 len: self.keys.len(),
                 parts: RefCell::new(self.keys.into_parts()),
             },
-            ids: &self.ids,
+            ids: &self.ids.remembered(),
             members: &self.members,
         };
         bincode::serde::encode_to_vec(&image, bincode::config::standard())
@@ -447,16 +461,6 @@ impl ShardState {
         }
     }
 
-    /// The request ids remembered, in expiry order, with the time each expires from and
-    /// what it remembers: as an image carries them.
-    fn remembered_ids(&self) -> Vec<(Nanos, Digest16, Remembered)> {
-        self.ids
-            .expiry
-            .iter()
-            .filter_map(|(at, id)| self.ids.answers.get(id).map(|d| (*at, *id, *d)))
-            .collect()
-    }
-
     /// The whole state as bytes (a Raft snapshot): the keys in the table's order, the
     /// request ids in expiry order. The keys are not sorted: the sort was four fifths of an
     /// image's time (`cargo bench --bench apply -- image`). Equal states may thus encode
@@ -465,7 +469,7 @@ impl ShardState {
         let image = ImageRef {
             time: self.time,
             keys: KeysRef(&self.keys),
-            ids: &self.remembered_ids(),
+            ids: &self.ids.remembered(),
             members: &self.members,
         };
         bincode::serde::encode_to_vec(&image, bincode::config::standard())
@@ -478,7 +482,7 @@ impl ShardState {
         PendingImage {
             time: self.time,
             keys: self.keys.share(),
-            ids: self.remembered_ids(),
+            ids: self.ids.clone(),
             members: self.members.clone(),
         }
     }
@@ -547,8 +551,8 @@ impl ShardState {
         });
         let rest = ImageRef {
             time: self.time,
-            keys: KeysRef(&KeyTable::default()),
-            ids: &self.remembered_ids(),
+            keys: &[] as &[(String, Limit, KeyState)],
+            ids: &self.ids.remembered(),
             members: &self.members,
         };
         let mut bytes =
@@ -1054,6 +1058,53 @@ mod tests {
     /// inserted in another order, and a state restored from an image, digest the same (each
     /// table's own random seed orders its keys too); a key's state, a key more, or a request
     /// id more do not.
+    /// A shared copy ([`ShardState::share`], what a fast leader's speculative state starts
+    /// from) answers as the original does, and what either applies leaves the other as it
+    /// was; an image taken off a shared copy is the original's image, byte for byte.
+    #[test]
+    fn a_shared_copy_answers_as_the_original_and_neither_sees_the_others_applies() {
+        let mut a = ShardState::new(bounds(100_000));
+        let keys: Vec<String> = (0..5_000).map(|i| format!("key-{i}")).collect();
+        let batch = |t: u64, from: usize, ids: bool| {
+            let commands = keys[from..from + 1_000]
+                .iter()
+                .enumerate()
+                .map(|(i, k)| check(k, &tb(), 1, ids.then(|| format!("{t}-{i}")).as_deref()))
+                .collect();
+            Batch::at(t, commands)
+        };
+        for (t, from) in [(1, 0), (2, 1_000), (3, 2_000)] {
+            a.apply(&batch(t, from, true));
+        }
+        let image = a.image();
+        assert_eq!(a.pending_image().encode(), image);
+        let before = a.digest();
+        let mut b = a.share();
+        assert_eq!(b.digest(), before);
+        // The same batches on both: the same answers and states.
+        for (t, from) in [(4, 500), (5, 2_500)] {
+            assert_eq!(
+                a.apply(&batch(t, from, true)),
+                b.apply(&batch(t, from, true))
+            );
+        }
+        assert_eq!(a.digest(), b.digest());
+        // Each side's own applies: the other stays as it was.
+        let (after_a, after_b) = (a.digest(), b.digest());
+        let mut c = a.share();
+        c.apply(&batch(6, 3_000, false));
+        c.apply(&Batch::at(60_000_000_000, vec![Command::Evict]));
+        assert_eq!(c.len(), 0);
+        assert_eq!((a.digest(), a.len()), (after_a, 3_500));
+        b.apply(&batch(6, 4_000, true));
+        assert_eq!(a.digest(), after_a);
+        assert_ne!(b.digest(), after_b);
+        assert_ne!(before, after_a);
+        // The first state's image still decodes to it.
+        let restored = ShardState::from_image(&image, bounds(100_000)).unwrap();
+        assert_eq!(restored.digest(), before);
+    }
+
     #[test]
     fn the_digest_tells_states_apart_whatever_the_key_order() {
         let keys: Vec<String> = (0..200).map(|i| format!("key-{i}")).collect();

@@ -6,8 +6,8 @@
 //! encoded while the shard applies on), and a fast leader's speculative state (the
 //! committed state, then each entry it proposes). A plain map made either one a copy or an
 //! encoding of every key under the state machine's lock, when no entry of the shard could
-//! apply: 11.9 ms per 100,000 keys to copy, 6.9 ms to encode (`cargo bench --bench apply
-//! -- image`), so a few tenths of a second for a shard of millions of keys. Split into
+//! apply: about 12 ms per 100,000 keys to copy, 5-8 ms to encode (`cargo bench --bench
+//! apply -- image`), so a few tenths of a second for a shard of millions of keys. Split into
 //! parts (up to 4,096), a copy is a reference count per part, and an apply after it copies
 //! at most the parts its checks change (one per key, at most [`SPLIT_ABOVE`] keys each
 //! until the table has 4,096 parts).
@@ -51,9 +51,10 @@ impl<V: Clone> PartRef<V> {
     fn own(&mut self) -> &mut Part<V> {
         if matches!(self, PartRef::Shared(_)) {
             if let PartRef::Shared(shared) = std::mem::replace(self, PartRef::Own(Part::new())) {
-                *self = PartRef::Own(Arc::try_unwrap(shared).unwrap_or_else(|s| Part::clone(&s)));
+                *self = PartRef::Own(Arc::unwrap_or_clone(shared));
             }
         }
+        // Own by now; a shared part would be made so here too.
         match self {
             PartRef::Own(part) => part,
             PartRef::Shared(shared) => Arc::make_mut(shared),
@@ -114,8 +115,13 @@ impl<V: Clone> Default for KeyTable<V> {
     }
 }
 
+/// A key's slot: [`SLOT_BITS`] bits of its hash below the top 7, which hashbrown keeps as
+/// each entry's tag (to tell keys apart before comparing them), and above the low bits,
+/// which place the entry in its part. (Taken from the top bits, every key of a part split
+/// 7 or more times had the same tag, and each lookup compared the key with every entry it
+/// probed.)
 fn slot(hash: u64) -> usize {
-    (hash >> (u64::BITS - SLOT_BITS)) as usize
+    ((hash >> (u64::BITS - 7 - SLOT_BITS)) as usize) & (SLOTS - 1)
 }
 
 impl<V: Clone> KeyTable<V> {
@@ -201,7 +207,9 @@ impl<V: Clone> KeyTable<V> {
     pub fn retain(&mut self, mut keep: impl FnMut(&str, &V) -> bool) -> usize {
         let mut gone = 0;
         for part in &mut self.parts {
-            let keeps_all = part.iter().all(|(k, v)| keep(k, v));
+            // A shared part is looked through first: copied only if a key goes.
+            let shared = matches!(part, PartRef::Shared(_));
+            let keeps_all = shared && part.iter().all(|(k, v)| keep(k, v));
             if keeps_all {
                 continue;
             }
@@ -229,9 +237,12 @@ impl<V: Clone> KeyTable<V> {
 
     /// Every key and value, part by part (an order of no meaning).
     pub fn iter(&self) -> impl Iterator<Item = (&String, &V)> {
-        self.parts
-            .iter()
-            .flat_map(|p| p.iter().map(|(k, v)| (k, v)))
+        self.part_refs().flat_map(|p| p.iter().map(|(k, v)| (k, v)))
+    }
+
+    /// The parts, in order.
+    pub fn part_refs(&self) -> impl Iterator<Item = &Part<V>> {
+        self.parts.iter().map(|p| &**p)
     }
 
     /// The parts, to read one at a time and drop each once read: a part no copy shares any
@@ -290,8 +301,9 @@ mod tests {
         assert_eq!(b.get("key-1"), Some(&1));
         assert_eq!(b.retain(|_, _| true), 0);
         assert_eq!(a.shared_parts(&b), parts);
-        // A plain clone shares nothing.
-        assert_eq!(a.shared_parts(&a.clone()), 0);
+        // A plain clone of a table that has its parts to itself shares none.
+        let own = table(10_000);
+        assert_eq!(own.shared_parts(&own.clone()), 0);
         *b.get_mut("key-1").unwrap() += 100;
         b.insert("new".into(), 7);
         // The original is as it was; the copy has its changes, in copies of their parts.
@@ -326,6 +338,14 @@ mod tests {
                 assert!(slots.contains(&slot(t.hasher.hash_one(&**k))));
             }
         }
+        let mut covered = vec![0; SLOTS];
+        for span in &t.spans {
+            let first = usize::from(span.first);
+            covered[first..first + (SLOTS >> span.depth)]
+                .iter_mut()
+                .for_each(|c| *c += 1);
+        }
+        assert!(covered.iter().all(|&c| c == 1), "each slot in one part");
         assert_eq!(t.len(), 300_000);
         assert!((0..300_000).all(|i| t.get(&format!("key-{i}")) == Some(&i)));
         // The copy taken before the splits is as it was.
