@@ -1054,10 +1054,6 @@ mod tests {
         assert!(!decided(&flat_applied[2]).allowed());
     }
 
-    /// Images are not sorted: the digest, not the bytes, says two states are equal. Keys
-    /// inserted in another order, and a state restored from an image, digest the same (each
-    /// table's own random seed orders its keys too); a key's state, a key more, or a request
-    /// id more do not.
     /// A shared copy ([`ShardState::share`], what a fast leader's speculative state starts
     /// from) answers as the original does, and what either applies leaves the other as it
     /// was; an image taken off a shared copy is the original's image, byte for byte.
@@ -1105,6 +1101,10 @@ mod tests {
         assert_eq!(restored.digest(), before);
     }
 
+    /// Images are not sorted: the digest, not the bytes, says two states are equal. Keys
+    /// inserted in another order, and a state restored from an image, digest the same (each
+    /// table's own random seed orders its keys too); a key's state, a key more, or a request
+    /// id more do not.
     #[test]
     fn the_digest_tells_states_apart_whatever_the_key_order() {
         let keys: Vec<String> = (0..200).map(|i| format!("key-{i}")).collect();

@@ -24,7 +24,7 @@ use std::hash::BuildHasher;
 use std::sync::Arc;
 
 /// One part's keys and values, found by the key's hash ([`KeyTable`] hashes a key once:
-/// its top bits choose the part).
+/// some of its bits choose the part, [`slot`]).
 pub type Part<V> = HashTable<(String, V)>;
 
 /// A part, the table's own or shared with copies.
@@ -82,7 +82,7 @@ const SLOTS: usize = 1 << SLOT_BITS;
 /// of the default `max_keys`, 10 million over three shards).
 const SPLIT_ABOVE: usize = 128;
 
-/// Which slots a part holds: the keys whose hash's top [`SLOT_BITS`] bits are in
+/// Which slots a part holds: the keys whose [`slot`] is in
 /// `first .. first + (SLOTS >> depth)`.
 #[derive(Debug, Clone, Copy)]
 struct Span {
@@ -175,7 +175,8 @@ impl<V: Clone> KeyTable<V> {
         }
     }
 
-    /// Splits part `i` in two by the next bit of its keys' hashes, unless it is one slot.
+    /// Splits part `i` in two, unless it holds one slot: the upper half of its slots and
+    /// their keys go to a new part.
     fn split(&mut self, i: usize) {
         let span = self.spans[i];
         let depth = span.depth + 1;
