@@ -124,6 +124,13 @@ struct ImageRef<'a, K: serde::Serialize> {
     members: &'a MemberHistory,
 }
 
+impl<K: serde::Serialize> ImageRef<'_, K> {
+    fn encode(&self) -> Vec<u8> {
+        bincode::serde::encode_to_vec(self, bincode::config::standard())
+            .expect("a shard image always encodes")
+    }
+}
+
 /// The key table as an image carries it: `(key, limit, state)` in the table's own order,
 /// encoded as a sequence (as a `Vec` of them is).
 struct KeysRef<'a>(&'a KeyTable<Entry>);
@@ -189,8 +196,7 @@ impl PendingImage {
             ids: &self.ids.remembered(),
             members: &self.members,
         };
-        bincode::serde::encode_to_vec(&image, bincode::config::standard())
-            .expect("a shard image always encodes")
+        image.encode()
     }
 }
 
@@ -472,8 +478,7 @@ impl ShardState {
             ids: &self.ids.remembered(),
             members: &self.members,
         };
-        bincode::serde::encode_to_vec(&image, bincode::config::standard())
-            .expect("a shard image always encodes")
+        image.encode()
     }
 
     /// The state as of now, to encode as an image later ([`PendingImage::encode`]): what a

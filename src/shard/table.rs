@@ -252,13 +252,15 @@ impl<V: Clone> KeyTable<V> {
         self.parts
     }
 
-    /// How many parts the table has.
+    /// How many parts the table has (for tests).
+    #[cfg(test)]
     pub fn parts(&self) -> usize {
         self.parts.len()
     }
 
     /// How many parts `self` and `other` share (a copy and its original: all until one
-    /// side changes them).
+    /// side changes them; for tests).
+    #[cfg(test)]
     pub fn shared_parts(&self, other: &Self) -> usize {
         let same = |(a, b): (&PartRef<V>, &PartRef<V>)| match (a, b) {
             (PartRef::Shared(a), PartRef::Shared(b)) => Arc::ptr_eq(a, b),
