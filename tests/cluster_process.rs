@@ -2191,8 +2191,9 @@ fn quorate_dev_runs_three_members_that_status_shows_and_stops_them_all() {
     use std::io::{BufRead, BufReader};
     use std::process::{Command, Stdio};
     let dir = tempfile::tempdir().unwrap();
-    // Ten ports below the ephemeral range, offset by our pid.
-    let base = 24_000 + (std::process::id() % 700) as u16 * 10;
+    // Ten ports below the ephemeral range and below the range `free_port` hands the other
+    // tests' members (20,000-31,999), offset by our pid.
+    let base = 10_000 + (std::process::id() % 500) as u16 * 10;
     let mut dev = spawn_dev(dir.path(), base, base, Stdio::piped(), Stdio::null());
     let mut out = BufReader::new(dev.stdout.take().unwrap());
     let mut banner = String::new();
@@ -2299,7 +2300,9 @@ fn quorate_dev_leaves_no_member_behind() {
         }
     }
     let _reap = Reap(dir.path().to_path_buf());
-    let base = 31_000 + (std::process::id() % 300) as u16 * 10;
+    // As the test above, in a range of its own (15,000-19,999): a port another test's member
+    // holds would keep a member of this dev from starting.
+    let base = 15_000 + (std::process::id() % 500) as u16 * 10;
     let dev = |sub: &str, http_base: u16| {
         spawn_dev(
             &dir.path().join(sub),
@@ -2320,9 +2323,18 @@ fn quorate_dev_leaves_no_member_behind() {
     let http: std::net::SocketAddr = format!("127.0.0.1:{base}").parse().unwrap();
     for (sub, signal) in [("hup", 1), ("kill", 9)] {
         let mut d = dev(sub, base);
-        wait_until("quorate dev not ready", Duration::from_secs(30), &|| {
-            cluster_support::http(http, "GET", "/readyz", "").starts_with("HTTP/1.1 200")
-        });
+        let started = Instant::now();
+        while !cluster_support::http(http, "GET", "/readyz", "").starts_with("HTTP/1.1 200") {
+            if started.elapsed() > Duration::from_secs(30) {
+                let _ = d.kill();
+                let out = d.wait_with_output().unwrap();
+                panic!(
+                    "quorate dev (ports from {base}) not ready in 30 s; its stderr:\n{}",
+                    String::from_utf8_lossy(&out.stderr)
+                );
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
         assert_eq!(members(sub), 3 + 1, "three members and dev itself");
         unsafe { kill(d.id() as i32, signal) };
         let _ = d.wait();
