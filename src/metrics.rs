@@ -42,6 +42,10 @@ pub struct Metrics {
     /// sent to another node's leader, each attempt; a client that sends each key to its
     /// shard's leader keeps it low.
     pub forwarded: IntCounter,
+    /// Peer calls that carried forwarded commands: the callers waiting to forward to one
+    /// peer at once share a call (`raft/forward.rs`), so under load far fewer than the
+    /// checks.
+    pub forward_calls: IntCounter,
     /// Commands a shard's leader dropped undecided: their caller's deadline
     /// (`--unavailable-after`, carried by a forward) passed while they waited for its
     /// proposer, and the caller had its `on_unavailable` answer.
@@ -185,6 +189,10 @@ impl Metrics {
             forwarded: counter(
                 "quorate_forwarded_checks_total",
                 "Commands (checks, refunds, evictions) sent to another node's leader, each attempt",
+            ),
+            forward_calls: counter(
+                "quorate_forward_calls_total",
+                "Peer calls that carried forwarded commands (the callers waiting at once share one)",
             ),
             checks_expired: counter(
                 "quorate_checks_expired_total",

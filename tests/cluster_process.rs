@@ -1246,6 +1246,73 @@ async fn fast_only_entries_linger_without_holding_up_any_caller() {
     }
 }
 
+/// Callers forwarding at once share peer calls (`raft/forward.rs`): 400 clients, one check
+/// each, all at once at member 1 on keys of shards another member leads, are all decided,
+/// in fewer calls than checks (past 32 calls out to a peer, the callers waiting go together
+/// in the next; one call per check, as before, would also count each against the peer
+/// transport's 768 bulk requests at once).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn checks_forwarded_at_once_share_calls_and_are_all_decided() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let cluster = blocking(|| Cluster::start(3, &policies(), &[]));
+    let started = Instant::now();
+    let leaders = loop {
+        let leaders = blocking(|| cluster.leaders(0));
+        if leaders.iter().any(|l| l.is_some_and(|l| l != 1)) {
+            break leaders;
+        }
+        assert!(started.elapsed() < Duration::from_secs(30), "{leaders:?}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    // Keys of shards member 1 does not lead as it sees them now (a leadership that moves
+    // meanwhile makes some local: hence "most" below).
+    let keys: Vec<String> = (0..)
+        .map(|i| format!("burst-{i}"))
+        .filter(|k| leaders[shard("count", k) as usize].is_some_and(|l| l != 1))
+        .take(400)
+        .collect();
+    let forwarded = || metric(&cluster, 0, "quorate_forwarded_checks_total");
+    let calls = || metric(&cluster, 0, "quorate_forward_calls_total");
+    let before = (forwarded(), calls());
+    let mut conns = Vec::new();
+    for _ in &keys {
+        let c = tokio::net::TcpStream::connect(cluster.members[0].resp).await;
+        conns.push(c.unwrap());
+    }
+    for (c, k) in conns.iter_mut().zip(&keys) {
+        let request = format!(
+            "*4\r\n$8\r\nQR.CHECK\r\n$5\r\ncount\r\n${}\r\n{k}\r\n$1\r\n1\r\n",
+            k.len()
+        );
+        c.write_all(request.as_bytes()).await.unwrap();
+    }
+    let mut admitted = 0;
+    for c in &mut conns {
+        // The reply's first two lines: the array's length and "allowed".
+        let mut reply = Vec::new();
+        while reply.windows(2).filter(|w| w == b"\r\n").count() < 2 {
+            let mut buf = [0u8; 512];
+            let read = tokio::time::timeout(Duration::from_secs(10), c.read(&mut buf));
+            let n = read.await.expect("an answer within 10 s").unwrap();
+            assert!(n > 0, "closed after {:?}", String::from_utf8_lossy(&reply));
+            reply.extend_from_slice(&buf[..n]);
+        }
+        let text = String::from_utf8_lossy(&reply);
+        admitted += usize::from(text.starts_with('*') && text.split("\r\n").nth(1) == Some(":1"));
+    }
+    assert_eq!(admitted, keys.len(), "checks admitted");
+    let (forwarded, calls) = (forwarded() - before.0, calls() - before.1);
+    eprintln!(
+        "{} checks at once: {forwarded} forwarded in {calls} calls",
+        keys.len()
+    );
+    assert!(forwarded >= keys.len() as u64 / 2, "{forwarded} forwarded");
+    assert!(
+        calls * 2 <= forwarded,
+        "{forwarded} checks forwarded in {calls} calls"
+    );
+}
+
 /// A denial changes no state, so a strict leader answers it without a log entry: a flood of
 /// denied checks on one hot key reaches neither the log nor the followers, and each still
 /// gets the denial the log would have given.

@@ -21,7 +21,8 @@
 //!   until `fast_batch` commands): fewer entries under fast load, each costing every replica
 //!   a WAL append and replication messages.
 //! - another node leads `g`: the commands are forwarded to it over the peer transport, in
-//!   the caller's batch, with the time left of the caller's deadline (`unavailable_after`);
+//!   a call of their own, or under load in one with the others waiting to forward there
+//!   (`super::forward`), with the time left of each caller's deadline (`unavailable_after`);
 //!   `NotLeader` hints are followed until that deadline. A leader's proposer drops undecided
 //!   a caller it takes past its deadline (`drop_expired`): its caller has had its
 //!   `on_unavailable` answer.
@@ -36,11 +37,13 @@
 //! `max(batch time, state time)`, so an old batch stamped lower cannot turn time back.
 
 use super::denials::DenialCache;
+use super::forward::Forwarder;
 use super::hooks::FallbackAnswer;
 use super::intake::SnapshotIntake;
 use super::replies::{ProposerLane, Replies, Waiting};
 use super::rpc::{
-    ask, CallError, ChangeError, ForwardError, MemberChange, PeerRequest, PeerResponse, Transport,
+    ask, CallError, ChangeError, ForwardAnswer, ForwardError, ForwardItem, MemberChange,
+    PeerRequest, PeerResponse, Transport,
 };
 use super::state_machine::{MachineInfo, ShardMachine};
 use super::types::{Applies, GroupId, NodeId, TypeConfig};
@@ -320,6 +323,8 @@ pub struct Cluster {
     peer_resp: Mutex<std::collections::HashMap<NodeId, (Option<std::net::SocketAddr>, u64)>>,
     /// Held while members are asked for their RESP addresses: one round at a time.
     resp_asking: tokio::sync::Mutex<()>,
+    /// Sends forwarded checks, several callers' in one call (`super::forward`).
+    forwarder: Arc<Forwarder>,
 }
 
 /// The epoch of the entries a leader proposes ([`Batch::epoch`]): one per start of a node
@@ -467,6 +472,13 @@ impl Cluster {
             groups.push(group);
         }
         let denials = DenialCache::new(config.denial_cache);
+        let forwarder = Arc::new(Forwarder::new(
+            transport.clone(),
+            clock.clone(),
+            config.forward_timeout,
+            metrics.forwarded.clone(),
+            metrics.forward_calls.clone(),
+        ));
         let cluster = Arc::new(Cluster {
             config,
             groups,
@@ -478,6 +490,7 @@ impl Cluster {
             resp_addr: std::sync::OnceLock::new(),
             peer_resp: Mutex::default(),
             resp_asking: tokio::sync::Mutex::new(()),
+            forwarder,
         });
         for g in &cluster.groups {
             tokio::spawn(propose_loop(cluster.clone(), g.clone()));
@@ -1159,40 +1172,19 @@ impl Cluster {
                 "the caller's deadline passed".into(),
             ));
         }
-        self.metrics.forwarded.inc_by(commands.len() as u64);
-        let request = PeerRequest::ForwardWithin {
-            group: group.id,
-            commands,
-            fast,
-            within_us: within,
-        };
-        let timeout = self.config.forward_timeout;
-        let mut answer = ask(&*self.transport, to, &request, timeout).await;
-        if let (Ok(PeerResponse::Refused(_)), PeerRequest::ForwardWithin { commands, .. }) =
-            (&answer, request)
-        {
-            // A member of an older build (the same protocol version) cannot read a deadline:
-            // it refused the batch unread. Sent as it reads them, without the deadline.
-            self.metrics.forwarded.inc_by(commands.len() as u64);
-            let request = PeerRequest::Forward {
-                group: group.id,
-                commands,
-                fast,
-            };
-            answer = ask(&*self.transport, to, &request, timeout).await;
-        }
+        let answer = self
+            .forwarder
+            .forward(to, group.id, commands, fast, deadline)
+            .await;
         match answer {
-            Ok(PeerResponse::Forward(result)) => result,
+            Ok(ForwardAnswer::Decided(result)) => result,
             // Refused, not decided: this node was removed from the group (`Cluster::handle`).
-            Ok(PeerResponse::Removed) => {
+            Ok(ForwardAnswer::Removed) => {
                 group.removed.learn(group.id, to);
                 Err(ForwardError::Unavailable(
                     "this node was removed from the shard".into(),
                 ))
             }
-            Ok(other) => Err(ForwardError::Unknown(format!(
-                "unexpected answer {other:?}"
-            ))),
             // Not sent: nothing was applied. Sent and no answer: unknown.
             Err(e @ CallError::NotSent(..)) => Err(ForwardError::Unavailable(e.to_string())),
             Err(e) => Err(ForwardError::Unknown(e.to_string())),
@@ -1473,6 +1465,21 @@ impl Cluster {
             } => {
                 let within = Some(Duration::from_micros(within_us));
                 PeerResponse::Forward(self.decide_forwarded(g, commands, fast, within).await)
+            }
+            PeerRequest::ForwardMany { fast, items } => {
+                // Each item as a call of its own; the answer waits for the last.
+                let removed = &removed;
+                let decide = |item: ForwardItem| async move {
+                    if removed(item.group, "forward") {
+                        return ForwardAnswer::Removed;
+                    }
+                    let within = Some(Duration::from_micros(item.within_us));
+                    let commands = item.commands;
+                    let decided = self.decide_forwarded(item.group, commands, fast, within);
+                    ForwardAnswer::Decided(decided.await)
+                };
+                let answers = futures::future::join_all(items.into_iter().map(decide)).await;
+                PeerResponse::ForwardMany(answers)
             }
             PeerRequest::RespAddr => PeerResponse::RespAddr(self.resp_addr.get().copied()),
             PeerRequest::Handover {

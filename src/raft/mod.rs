@@ -11,6 +11,7 @@
 
 pub mod cluster;
 pub mod denials;
+pub mod forward;
 pub mod hooks;
 pub mod intake;
 pub mod log_store;

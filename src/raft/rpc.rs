@@ -69,6 +69,33 @@ pub enum PeerRequest {
         fast: bool,
         within_us: u64,
     },
+    /// The checks of several callers, each item as a `ForwardWithin` of its own (decided,
+    /// or refused, apart from the others): answered with one [`PeerResponse::ForwardMany`]
+    /// (see `forward.rs`). After the variants above: an older member refuses it as
+    /// undecodable, and the sender sends each item on its own.
+    ForwardMany {
+        /// Every command of every item may be answered before it commits.
+        fast: bool,
+        items: Vec<ForwardItem>,
+    },
+}
+
+/// One caller's forwarded checks in a [`PeerRequest::ForwardMany`].
+#[derive(Debug, Serialize, Deserialize)]
+pub struct ForwardItem {
+    pub group: GroupId,
+    pub commands: Vec<Command>,
+    /// As `ForwardWithin`'s: decided no later than this long after it was received.
+    pub within_us: u64,
+}
+
+/// What became of one item of a [`PeerRequest::ForwardMany`], in the items' order.
+#[derive(Debug, Serialize, Deserialize)]
+pub enum ForwardAnswer {
+    /// As `PeerResponse::Forward`.
+    Decided(Result<Vec<Applied>, ForwardError>),
+    /// As `PeerResponse::Removed`: refused unread, the sender out of the item's group.
+    Removed,
 }
 
 /// A change of a group's voters, carried out by the group's leader.
@@ -127,6 +154,8 @@ pub enum PeerResponse {
     /// unread (the checks not decided). Ids are never given out again, so the asker is out
     /// for good.
     Removed,
+    /// To a `ForwardMany`: each item's answer, in order.
+    ForwardMany(Vec<ForwardAnswer>),
 }
 
 /// Largest message body decoded (a snapshot chunk or a log batch).
@@ -163,8 +192,9 @@ pub fn is_bulk(body: &[u8]) -> bool {
     body.first().is_some_and(|v| BULK_VARIANTS.contains(v))
 }
 
-/// The indexes of `PeerRequest::Forward` and `PeerRequest::ForwardWithin`.
-const BULK_VARIANTS: [u8; 2] = [4, 7];
+/// The indexes of `PeerRequest::Forward`, `PeerRequest::ForwardWithin` and
+/// `PeerRequest::ForwardMany`.
+const BULK_VARIANTS: [u8; 3] = [4, 7, 8];
 
 /// Why a call to a peer failed.
 #[derive(Debug, Clone, thiserror::Error)]
@@ -503,6 +533,17 @@ mod tests {
         assert_eq!(encode(&forward)[0], 4);
         assert_eq!(encode(&PeerRequest::RespAddr)[0], 5);
         assert_eq!(encode(&within)[0], 7);
+        let many = PeerRequest::ForwardMany {
+            fast: true,
+            items: vec![ForwardItem {
+                group: 2,
+                commands: Vec::new(),
+                within_us: 9,
+            }],
+        };
+        assert_eq!(encode(&many)[0], 8);
+        assert_eq!(encode(&PeerResponse::Removed)[0], 8);
+        assert_eq!(encode(&PeerResponse::ForwardMany(Vec::new()))[0], 9);
         let bytes = encode(&within);
         assert!(matches!(
             decode::<PeerRequest>(&bytes),
@@ -557,11 +598,17 @@ mod tests {
                 fast: true,
                 within_us: 1,
             },
+            PeerRequest::ForwardMany {
+                fast: false,
+                items: Vec::new(),
+            },
         ];
         for r in &requests {
             let forwarded = matches!(
                 r,
-                PeerRequest::Forward { .. } | PeerRequest::ForwardWithin { .. }
+                PeerRequest::Forward { .. }
+                    | PeerRequest::ForwardWithin { .. }
+                    | PeerRequest::ForwardMany { .. }
             );
             assert_eq!(is_bulk(&encode(r)), forwarded, "{r:?}");
         }
