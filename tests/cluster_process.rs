@@ -1265,7 +1265,7 @@ async fn checks_forwarded_at_once_share_calls_and_are_all_decided() {
         tokio::time::sleep(Duration::from_millis(100)).await;
     };
     // Keys of shards member 1 does not lead as it sees them now (a leadership that moves
-    // meanwhile makes some local: hence "most" below).
+    // meanwhile makes some local: hence "at least half" below).
     let keys: Vec<String> = (0..)
         .map(|i| format!("burst-{i}"))
         .filter(|k| leaders[shard("count", k) as usize].is_some_and(|l| l != 1))
