@@ -64,6 +64,9 @@ pub struct ClusterSettings {
     pub wal_direct_io: bool,
     /// Tests only: the write-ahead log stalls while this file exists.
     pub wal_hold_while: Option<PathBuf>,
+    /// Tests only: peer requests of these variant indexes are refused unread, as a member
+    /// of an older build refuses them (`Cluster::handle`).
+    pub refuse_requests: Vec<u8>,
     pub heartbeat: Duration,
     pub election_timeout: Duration,
     /// Longest wait for a shard's leader before `on_unavailable` answers.
@@ -322,6 +325,29 @@ pub struct NodeOptions {
     #[arg(long, value_name = "FILE", hide = true)]
     #[serde(skip)]
     pub test_hold_wal_while: Option<PathBuf>,
+    /// TEST ONLY: refuse, unread, the peer requests of these variant indexes
+    /// (comma-separated; 7 is a forward with its deadline, 8 forwards in a batch), as a
+    /// member of a build from before them refuses what it cannot read: so a test can see
+    /// its peers fall back to the requests it reads. A flag only, like the one above.
+    #[arg(long, value_name = "INDEXES", hide = true)]
+    #[serde(skip)]
+    pub test_refuse_peer_requests: Option<String>,
+}
+
+/// The variant indexes `--test-refuse-peer-requests` names: only those a build could be
+/// from before (`ForwardWithin` 7, `ForwardMany` 8), so the flag cannot stop a cluster.
+fn refused_requests(flag: Option<&str>) -> Result<Vec<u8>, String> {
+    let Some(flag) = flag else {
+        return Ok(Vec::new());
+    };
+    flag.split(',')
+        .map(|v| match v.trim().parse::<u8>() {
+            Ok(i @ (7 | 8)) => Ok(i),
+            _ => Err(format!(
+                "`--test-refuse-peer-requests` takes 7 and 8, comma-separated; not {v:?}"
+            )),
+        })
+        .collect()
 }
 
 /// The longest duration any setting takes: beyond it a timer or deadline could overflow (a
@@ -395,6 +421,9 @@ impl NodeOptions {
             fast_batch: self.fast_batch.or(fallback.fast_batch),
             unsafe_no_fsync: self.unsafe_no_fsync.or(fallback.unsafe_no_fsync),
             test_hold_wal_while: self.test_hold_wal_while.or(fallback.test_hold_wal_while),
+            test_refuse_peer_requests: self
+                .test_refuse_peer_requests
+                .or(fallback.test_refuse_peer_requests),
             wal_direct_io: self.wal_direct_io.or(fallback.wal_direct_io),
             join: self.join.or(fallback.join),
             snapshot_every: self.snapshot_every.or(fallback.snapshot_every),
@@ -455,6 +484,7 @@ impl NodeOptions {
             wal_sync: !self.unsafe_no_fsync.unwrap_or(false),
             wal_direct_io: self.wal_direct_io.unwrap_or(true),
             wal_hold_while: self.test_hold_wal_while.clone(),
+            refuse_requests: refused_requests(self.test_refuse_peer_requests.as_deref())?,
             heartbeat,
             election_timeout,
             unavailable_after: nonzero(
@@ -660,6 +690,29 @@ mod tests {
             data_dir: Some("/data".into()),
             ..Default::default()
         }
+    }
+
+    #[test]
+    fn a_member_refuses_only_the_peer_requests_an_older_build_could_not_read() {
+        let refusing = |flag: Option<&str>| {
+            let opts = NodeOptions {
+                test_refuse_peer_requests: flag.map(String::from),
+                ..member()
+            };
+            opts.to_config().map(|c| c.cluster.unwrap().refuse_requests)
+        };
+        assert_eq!(refusing(None).unwrap(), Vec::<u8>::new());
+        assert_eq!(refusing(Some("7, 8")).unwrap(), vec![7, 8]);
+        assert_eq!(refusing(Some("8")).unwrap(), vec![8]);
+        // Forward (4) and Raft's own requests every build reads: refusing them would stop
+        // the cluster, not stand for an older build.
+        for bad in ["4", "7,1", "", "7,,8", "x", "256"] {
+            let e = refusing(Some(bad)).unwrap_err();
+            assert!(e.contains("takes 7 and 8"), "{bad}: {e}");
+        }
+        // Not from a config file.
+        let file = toml::from_str::<NodeOptions>("test_refuse_peer_requests = \"7\"");
+        assert!(file.is_err());
     }
 
     #[test]

@@ -280,6 +280,11 @@ pub struct Report {
     /// Snapshots the nodes received from a leader and installed (their last instances:
     /// counts before a crash are lost).
     pub snapshots_installed: u64,
+    /// Checks the nodes forwarded to a shard's leader, and the peer calls that carried
+    /// them (`quorate_forwarded_checks_total`, `quorate_forward_calls_total`; their last
+    /// instances): fewer calls than checks when callers waiting shared calls.
+    pub forwarded: u64,
+    pub forward_calls: u64,
     /// Fast admissions told to clients that the log does not hold (within the bound unless
     /// reported as a violation).
     pub fast_excess: u64,
@@ -441,6 +446,8 @@ fn run_checked(opts: &Options) -> Report {
                 replaced: 0,
                 removed_refusals: 0,
                 snapshots_installed: 0,
+                forwarded: 0,
+                forward_calls: 0,
                 fast_excess: 0,
                 violations: vec![format!("cannot create the nodes' directory: {e}")],
                 history: History::default(),
@@ -765,6 +772,15 @@ fn run_checked(opts: &Options) -> Report {
         .flat_map(|c| c.status_with(false))
         .map(|g| g.snapshots_installed)
         .sum();
+    let counted = |count: fn(&crate::metrics::Metrics) -> u64| -> u64 {
+        nodes
+            .iter()
+            .filter_map(|n| n.service())
+            .map(|s| count(s.metrics()))
+            .sum()
+    };
+    let forwarded = counted(|m| m.forwarded.get());
+    let forward_calls = counted(|m| m.forward_calls.get());
     // A purge that reached a store before the snapshot covering it was durable: a crash
     // between would have left that replica unable to restart (the store counts it and
     // waits). Counted over every instance of each node, crashed ones included.
@@ -895,6 +911,8 @@ fn run_checked(opts: &Options) -> Report {
         replaced: u64::from(replaced),
         removed_refusals,
         snapshots_installed,
+        forwarded,
+        forward_calls,
         fast_excess,
         violations,
         history,

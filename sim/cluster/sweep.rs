@@ -35,6 +35,10 @@ pub struct SeedResult {
     pub removed_refusals: u64,
     #[serde(default)]
     pub snapshots_installed: u64,
+    #[serde(default)]
+    pub forwarded: u64,
+    #[serde(default)]
+    pub forward_calls: u64,
     pub fast_excess: u64,
     pub violations: Vec<String>,
 }
@@ -51,6 +55,8 @@ impl SeedResult {
             replaced: r.replaced,
             removed_refusals: r.removed_refusals,
             snapshots_installed: r.snapshots_installed,
+            forwarded: r.forwarded,
+            forward_calls: r.forward_calls,
             fast_excess: r.fast_excess,
             violations: r.violations.clone(),
         }
@@ -71,6 +77,9 @@ pub struct Sweep {
     pub removed_refusals: u64,
     /// Snapshots the nodes installed (see `Report::snapshots_installed`).
     pub snapshots_installed: u64,
+    /// Checks forwarded and the calls that carried them (see `Report::forwarded`).
+    pub forwarded: u64,
+    pub forward_calls: u64,
     pub fast_excess: u64,
     /// Failing seeds and their violations, by seed.
     pub failing: Vec<(u64, Vec<String>)>,
@@ -241,6 +250,8 @@ impl Sweep {
         self.replaced += r.replaced;
         self.removed_refusals += r.removed_refusals;
         self.snapshots_installed += r.snapshots_installed;
+        self.forwarded += r.forwarded;
+        self.forward_calls += r.forward_calls;
         self.fast_excess += r.fast_excess;
         let o = &mut self.ops;
         o.invoked += r.ops.invoked;
@@ -321,6 +332,13 @@ impl Sweep {
                 t,
                 "snapshots received from a leader and installed: {}",
                 self.snapshots_installed
+            );
+        }
+        if self.forwarded > 0 {
+            let _ = writeln!(
+                t,
+                "checks forwarded to a shard's leader: {} in {} peer calls",
+                self.forwarded, self.forward_calls
             );
         }
         let violations: usize = self.failing.iter().map(|f| f.1.len()).sum();

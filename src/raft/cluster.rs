@@ -82,6 +82,9 @@ pub struct ClusterConfig {
     pub write_timeout: Duration,
     /// Longest wait for a forwarded batch's answer.
     pub forward_timeout: Duration,
+    /// Calls with forwarded checks out to one peer (strict or fast) past which callers
+    /// wait and go together in the next (`forward::MAX_IN_FLIGHT` by default).
+    pub forward_in_flight: usize,
     /// Most leaders' denials kept to answer again without forwarding (`super::denials`).
     pub denial_cache: usize,
     /// Longest wait for a shard to have a leader before `on_unavailable` answers.
@@ -108,6 +111,9 @@ pub struct ClusterConfig {
     pub join: bool,
     /// The simulation's observers and negative-control switches (unset in production).
     pub hooks: super::hooks::Hooks,
+    /// Tests only (`--test-refuse-peer-requests`): peer requests of these variant indexes
+    /// are refused unread, as a member of a build from before them refuses them.
+    pub refuse_requests: Vec<u8>,
     /// Drawn at random for each start of this node: with a term, it names a leadership
     /// (the entries' [`Batch::epoch`]) that a restart leading the same term again does not
     /// share (openraft keeps a committed vote across a restart).
@@ -126,6 +132,7 @@ impl ClusterConfig {
             election_max: Duration::from_millis(800),
             write_timeout: Duration::from_secs(2),
             forward_timeout: Duration::from_secs(2),
+            forward_in_flight: super::forward::MAX_IN_FLIGHT,
             denial_cache: 100_000,
             unavailable_after: Duration::from_millis(500),
             batch_max: 4096,
@@ -137,6 +144,7 @@ impl ClusterConfig {
             snapshot_every: 20_000,
             join: false,
             hooks: Default::default(),
+            refuse_requests: Vec::new(),
             incarnation: 0,
         }
     }
@@ -476,6 +484,7 @@ impl Cluster {
             transport.clone(),
             clock.clone(),
             config.forward_timeout,
+            config.forward_in_flight,
             metrics.forwarded.clone(),
             metrics.forward_calls.clone(),
         ));
@@ -1166,12 +1175,7 @@ impl Cluster {
         fast: bool,
         deadline: Nanos,
     ) -> Result<Vec<Applied>, ForwardError> {
-        let within = deadline.saturating_sub(self.clock.monotonic()) / 1_000;
-        if within == 0 {
-            return Err(ForwardError::Unavailable(
-                "the caller's deadline passed".into(),
-            ));
-        }
+        // A deadline that has passed: the forwarder answers `Unavailable`, sending nothing.
         let answer = self
             .forwarder
             .forward(to, group.id, commands, fast, deadline)
@@ -1405,6 +1409,12 @@ impl Cluster {
 
     /// Handles one peer request (from the peer transport's server).
     pub async fn handle(&self, from: NodeId, body: &[u8]) -> Vec<u8> {
+        // bincode writes the variant's index first, in one byte below 251 (`rpc::is_bulk`).
+        let refused = &self.config.refuse_requests;
+        if !refused.is_empty() && body.first().is_some_and(|v| refused.contains(v)) {
+            let why = "unknown variant (refused by --test-refuse-peer-requests)".into();
+            return super::rpc::encode(&PeerResponse::Refused(why));
+        }
         let request: PeerRequest = match super::rpc::decode(body) {
             Ok(r) => r,
             Err(e) => return super::rpc::encode(&PeerResponse::Refused(e)),

@@ -43,9 +43,9 @@ struct Waiting {
     reply: oneshot::Sender<Outcome>,
 }
 
-/// Most calls with forwarded checks out to one peer (strict or fast) at once: below it a
-/// caller sends at once; at it, callers wait for the next call to end, and then go
-/// together in one.
+/// Most calls with forwarded checks out to one peer (strict or fast) at once, by default
+/// (`ClusterConfig::forward_in_flight`): below it a caller sends at once; at it, callers
+/// wait for the next call to end, and then go together in one.
 pub const MAX_IN_FLIGHT: usize = 32;
 
 /// The callers forwarding to one peer (strict or fast).
@@ -59,8 +59,8 @@ struct Queue {
 impl Queue {
     /// A call to send now, in a slot it takes, if there is a slot and anyone waits: the
     /// waiting callers, up to what one call carries.
-    fn start(&mut self) -> Option<Vec<Waiting>> {
-        if self.waiting.is_empty() || self.in_flight >= MAX_IN_FLIGHT {
+    fn start(&mut self, max_in_flight: usize) -> Option<Vec<Waiting>> {
+        if self.waiting.is_empty() || self.in_flight >= max_in_flight {
             return None;
         }
         let (mut commands, mut bytes, mut take) = (0, 0, 0);
@@ -78,8 +78,8 @@ impl Queue {
     }
 
     /// [`Queue::start`] while there are slots and callers waiting.
-    fn start_all(&mut self) -> Vec<Vec<Waiting>> {
-        std::iter::from_fn(|| self.start()).collect()
+    fn start_all(&mut self, max_in_flight: usize) -> Vec<Vec<Waiting>> {
+        std::iter::from_fn(|| self.start(max_in_flight)).collect()
     }
 }
 
@@ -104,11 +104,7 @@ impl Drop for Slot {
                 return;
             };
             queue.in_flight -= 1;
-            let next = queue.start_all();
-            if queue.in_flight == 0 && queue.waiting.is_empty() {
-                queues.remove(key);
-            }
-            next
+            queue.start_all(forwarder.max_in_flight)
         };
         for batch in next {
             forwarder.spawn_call(*key, batch);
@@ -121,12 +117,27 @@ pub struct Forwarder {
     clock: SharedClock,
     /// Longest wait for a call's answer.
     timeout: Duration,
+    /// Calls out to one peer (strict or fast) past which callers wait ([`MAX_IN_FLIGHT`]).
+    max_in_flight: usize,
     /// Commands sent, each attempt (`quorate_forwarded_checks_total`).
     forwarded: IntCounter,
     /// Calls that carried them (`quorate_forward_calls_total`).
     calls: IntCounter,
-    /// By peer and consistency (fast or not).
+    /// By peer and consistency (fast or not). An entry stays when its peer is idle: peers
+    /// are few, and a forward at a light load then costs no map insert.
     queues: Mutex<HashMap<(NodeId, bool), Queue>>,
+}
+
+/// The whole microseconds from `now` to `deadline` (this node's monotonic ns), none if
+/// it has passed: an item is sent with them, and not at all without.
+fn within_us(deadline: Nanos, now: Nanos) -> Option<u64> {
+    Some(deadline.saturating_sub(now) / 1_000).filter(|&us| us > 0)
+}
+
+/// The answer to a caller whose deadline passed before its item was sent: not decided.
+fn late() -> Outcome {
+    let late = ForwardError::Unavailable("the caller's deadline passed".into());
+    Ok(ForwardAnswer::Decided(Err(late)))
 }
 
 /// A rough size of `commands` on the wire, to keep a call well below the frame cap.
@@ -153,6 +164,7 @@ impl Forwarder {
         transport: Arc<dyn Transport>,
         clock: SharedClock,
         timeout: Duration,
+        max_in_flight: usize,
         forwarded: IntCounter,
         calls: IntCounter,
     ) -> Forwarder {
@@ -160,6 +172,7 @@ impl Forwarder {
             transport,
             clock,
             timeout,
+            max_in_flight: max_in_flight.max(1),
             forwarded,
             calls,
             queues: Mutex::default(),
@@ -186,7 +199,7 @@ impl Forwarder {
         let queued = {
             let mut queues = self.queues();
             let queue = queues.entry(key).or_default();
-            if queue.waiting.is_empty() && queue.in_flight < MAX_IN_FLIGHT {
+            if queue.waiting.is_empty() && queue.in_flight < self.max_in_flight {
                 queue.in_flight += 1;
                 Going::Now(commands)
             } else {
@@ -197,7 +210,7 @@ impl Forwarder {
                     deadline,
                     reply,
                 });
-                Going::Queued(answer, queue.start_all())
+                Going::Queued(answer, queue.start_all(self.max_in_flight))
             }
         };
         let (answer, batches) = match queued {
@@ -206,11 +219,9 @@ impl Forwarder {
             // task (if the caller goes, so does only its call).
             Going::Now(commands) => {
                 let _slot = Slot(self.clone(), key);
-                let within_us = deadline.saturating_sub(self.clock.monotonic()) / 1_000;
-                if within_us == 0 {
-                    let late = ForwardError::Unavailable("the caller's deadline passed".into());
-                    return Ok(ForwardAnswer::Decided(Err(late)));
-                }
+                let Some(within_us) = within_us(deadline, self.clock.monotonic()) else {
+                    return late();
+                };
                 let item = ForwardItem {
                     group,
                     commands,
@@ -252,12 +263,10 @@ impl Forwarder {
         let now = self.clock.monotonic();
         let (mut items, mut replies) = (Vec::new(), Vec::new());
         for w in batch {
-            let within_us = w.deadline.saturating_sub(now) / 1_000;
-            if within_us == 0 {
-                let late = ForwardError::Unavailable("the caller's deadline passed".into());
-                let _ = w.reply.send(Ok(ForwardAnswer::Decided(Err(late))));
+            let Some(within_us) = within_us(w.deadline, now) else {
+                let _ = w.reply.send(late());
                 continue;
-            }
+            };
             self.forwarded.inc_by(w.commands.len() as u64);
             items.push(ForwardItem {
                 group: w.group,

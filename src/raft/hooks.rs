@@ -9,6 +9,9 @@
 //!   tell those answers from the log's and bound what `local` admits.
 //! - `handover` sees every handover of a leadership a node tried, so a run can say how many
 //!   it saw.
+//! - `forward_in_flight` lowers the calls with forwarded checks out to one peer past which
+//!   callers wait and share the next (`forward::MAX_IN_FLIGHT`), so a simulation's few
+//!   clients reach the batched path (`PeerRequest::ForwardMany`) too.
 //! - `io_on_runtime` runs the WAL writer as a task on the host's runtime (a thread's
 //!   timing is outside simulated time; see `WalOptions::writer_on_runtime`).
 //! - the `unsafe_*` switches break one safety mechanism each, so the simulation's checkers
@@ -68,6 +71,8 @@ pub struct Hooks {
     pub fallback: Option<FallbackSink>,
     pub handover: Option<HandoverSink>,
     pub io_on_runtime: bool,
+    /// Replaces `ClusterConfig::forward_in_flight` (its default, `forward::MAX_IN_FLIGHT`).
+    pub forward_in_flight: Option<usize>,
     /// UNSAFE negative control: apply decides at this node's clock reading instead of the
     /// batch's shard time (replicas diverge; windows are no longer the log's).
     pub unsafe_apply_local_clock: Option<SharedClock>,
@@ -83,6 +88,7 @@ impl std::fmt::Debug for Hooks {
             .field("fallback", &self.fallback.is_some())
             .field("handover", &self.handover.is_some())
             .field("io_on_runtime", &self.io_on_runtime)
+            .field("forward_in_flight", &self.forward_in_flight)
             .field(
                 "unsafe_apply_local_clock",
                 &self.unsafe_apply_local_clock.is_some(),

@@ -484,11 +484,18 @@ impl ShardState {
     /// The state as of now, to encode as an image later ([`PendingImage::encode`]): what a
     /// snapshot takes between two applies, encoded while the shard applies on.
     pub fn pending_image(&mut self) -> PendingImage {
+        let ShardState {
+            keys,
+            ids,
+            members,
+            time,
+            ..
+        } = self.share();
         PendingImage {
-            time: self.time,
-            keys: self.keys.share(),
-            ids: self.ids.clone(),
-            members: self.members.clone(),
+            time,
+            keys,
+            ids,
+            members,
         }
     }
 
