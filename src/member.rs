@@ -343,9 +343,6 @@ pub async fn start<P: Listener, C: Connector>(
     cluster_config.join = settings.join;
     cluster_config.pipeline = settings.pipeline;
     cluster_config.snapshot_every = settings.snapshot_every;
-    if let Some(n) = settings.hooks.forward_in_flight {
-        cluster_config.forward_in_flight = n;
-    }
     cluster_config.hooks = settings.hooks.clone();
     cluster_config.refuse_requests = settings.refuse_requests.clone();
     // The low 8 bytes, as this was before `derive_number`: the same incarnations.

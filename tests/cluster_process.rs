@@ -1265,16 +1265,18 @@ async fn checks_forwarded_at_once_share_calls_and_are_all_decided() {
 
 /// Members of a build from before forwards with a deadline and forwards in batches refuse
 /// both unread (`--test-refuse-peer-requests 7,8` makes a member do so): a burst like the one
-/// above is still all decided, each check in the request they read: a batch refused, then
-/// each of its checks as a `ForwardWithin`, refused, then as a `Forward`. So each check
-/// forwarded (at least half) takes two calls of its own, and there are at least as many
-/// calls as checks (seen: 802 calls for 400 checks, 1,136 forwarded with the attempts).
+/// above is still all decided, each check in the request they read: a check sent alone
+/// goes as a `ForwardWithin`, refused, then as a `Forward` (two calls, counted twice); a
+/// batch of b checks is refused, then each goes so (1 + 2b calls, counted 3b times). So
+/// calls are at least two thirds of the checks counted, however many went in batches
+/// (seen: 802 calls, 1,136 counted). Were only one variant refused, or none, the batches
+/// (the most of 400 checks sent at once) would make it fewer.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn checks_forwarded_to_an_older_build_go_in_requests_it_reads() {
     let burst = forward_burst(&["--test-refuse-peer-requests", "7,8"]).await;
     assert_eq!(burst.admitted, burst.checks, "checks admitted");
     assert!(
-        burst.calls >= burst.checks as u64,
+        burst.calls * 3 >= burst.forwarded * 2,
         "{} checks forwarded in {} calls",
         burst.forwarded,
         burst.calls

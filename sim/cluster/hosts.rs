@@ -35,9 +35,7 @@ pub const PEER_PORT: u16 = 7000;
 /// (a production node's is `forward::MAX_IN_FLIGHT`, 32): a run's tens of clients rarely
 /// have 32 forwards out to one member, and so would seldom send a `ForwardMany` of more
 /// than one check. With one, a forward while another to the same member is out waits for
-/// it (seed 291's 20 seeds with `quorate sim cluster --clients 30` and every client and
-/// fault option: 116,796 commands forwarded in 95,259 calls; with 32, 118,047 in 113,234,
-/// where the difference is mostly two-item checks of one shard).
+/// it (what that changes: docs/verification.md, "What runs").
 pub const FORWARD_IN_FLIGHT: usize = 1;
 pub const RESP_PORT: u16 = 6379;
 pub const HTTP_PORT: u16 = 8080;

@@ -82,9 +82,6 @@ pub struct ClusterConfig {
     pub write_timeout: Duration,
     /// Longest wait for a forwarded batch's answer.
     pub forward_timeout: Duration,
-    /// Calls with forwarded checks out to one peer (strict or fast) past which callers
-    /// wait and go together in the next (`forward::MAX_IN_FLIGHT` by default).
-    pub forward_in_flight: usize,
     /// Most leaders' denials kept to answer again without forwarding (`super::denials`).
     pub denial_cache: usize,
     /// Longest wait for a shard to have a leader before `on_unavailable` answers.
@@ -132,7 +129,6 @@ impl ClusterConfig {
             election_max: Duration::from_millis(800),
             write_timeout: Duration::from_secs(2),
             forward_timeout: Duration::from_secs(2),
-            forward_in_flight: super::forward::MAX_IN_FLIGHT,
             denial_cache: 100_000,
             unavailable_after: Duration::from_millis(500),
             batch_max: 4096,
@@ -484,7 +480,7 @@ impl Cluster {
             transport.clone(),
             clock.clone(),
             config.forward_timeout,
-            config.forward_in_flight,
+            (config.hooks.forward_in_flight).unwrap_or(super::forward::MAX_IN_FLIGHT),
             metrics.forwarded.clone(),
             metrics.forward_calls.clone(),
         ));

@@ -43,9 +43,9 @@ struct Waiting {
     reply: oneshot::Sender<Outcome>,
 }
 
-/// Most calls with forwarded checks out to one peer (strict or fast) at once, by default
-/// (`ClusterConfig::forward_in_flight`): below it a caller sends at once; at it, callers
-/// wait for the next call to end, and then go together in one.
+/// Most calls with forwarded checks out to one peer (strict or fast) at once (the
+/// simulation's `Hooks::forward_in_flight` sets fewer): below it a caller sends at once; at
+/// it, callers wait for the next call to end, and then go together in one.
 pub const MAX_IN_FLIGHT: usize = 32;
 
 /// The callers forwarding to one peer (strict or fast).
@@ -140,6 +140,27 @@ fn late() -> Outcome {
     Ok(ForwardAnswer::Decided(Err(late)))
 }
 
+/// A waiting caller's reply and the time it has left at `now`, if its item is to be sent:
+/// not if the caller stopped waiting (its check answered otherwise: the shard's
+/// `on_unavailable` at the end of its wait; or its client gone), so that it is not decided
+/// after it was answered; nor if its deadline passed (answered [`late`] here).
+fn still_to_send(
+    reply: oneshot::Sender<Outcome>,
+    deadline: Nanos,
+    now: Nanos,
+) -> Option<(oneshot::Sender<Outcome>, u64)> {
+    if reply.is_closed() {
+        return None;
+    }
+    match within_us(deadline, now) {
+        Some(us) => Some((reply, us)),
+        None => {
+            let _ = reply.send(late());
+            None
+        }
+    }
+}
+
 /// A rough size of `commands` on the wire, to keep a call well below the frame cap.
 fn approx_bytes(commands: &[Command]) -> usize {
     let text = |s: &Option<String>| s.as_ref().map_or(0, String::len);
@@ -195,6 +216,9 @@ impl Forwarder {
         fast: bool,
         deadline: Nanos,
     ) -> Outcome {
+        let Some(within_us) = within_us(deadline, self.clock.monotonic()) else {
+            return late();
+        };
         let key = (to, fast);
         let queued = {
             let mut queues = self.queues();
@@ -219,9 +243,6 @@ impl Forwarder {
             // task (if the caller goes, so does only its call).
             Going::Now(commands) => {
                 let _slot = Slot(self.clone(), key);
-                let Some(within_us) = within_us(deadline, self.clock.monotonic()) else {
-                    return late();
-                };
                 let item = ForwardItem {
                     group,
                     commands,
@@ -263,8 +284,7 @@ impl Forwarder {
         let now = self.clock.monotonic();
         let (mut items, mut replies) = (Vec::new(), Vec::new());
         for w in batch {
-            let Some(within_us) = within_us(w.deadline, now) else {
-                let _ = w.reply.send(late());
+            let Some((reply, within_us)) = still_to_send(w.reply, w.deadline, now) else {
                 continue;
             };
             self.forwarded.inc_by(w.commands.len() as u64);
@@ -273,7 +293,7 @@ impl Forwarder {
                 commands: w.commands,
                 within_us,
             });
-            replies.push(w.reply);
+            replies.push((reply, w.deadline));
         }
         if items.is_empty() {
             return;
@@ -287,28 +307,32 @@ impl Forwarder {
         };
         match answer {
             Ok(PeerResponse::ForwardMany(answers)) if answers.len() == replies.len() => {
-                for (reply, answer) in replies.into_iter().zip(answers) {
+                for ((reply, _), answer) in replies.into_iter().zip(answers) {
                     let _ = reply.send(Ok(answer));
                 }
             }
             Ok(PeerResponse::Refused(_)) => {
                 // A member of an older build cannot read the batch: it refused it unread.
-                // Each item on its own, as that member reads them.
-                let one = |item| self.forward_one(to, item, fast);
-                let answers = futures::future::join_all(items.into_iter().map(one)).await;
-                for (reply, answer) in replies.into_iter().zip(answers) {
-                    let _ = reply.send(answer);
-                }
+                // Each item on its own, as that member reads them, with the time its caller
+                // has left now, a round trip later.
+                let now = self.clock.monotonic();
+                let me = &self;
+                let one = |(mut item, (reply, deadline)): (ForwardItem, _)| async move {
+                    let (reply, within_us) = still_to_send(reply, deadline, now)?;
+                    item.within_us = within_us;
+                    reply.send(me.forward_one(to, item, fast).await).ok()
+                };
+                futures::future::join_all(items.into_iter().zip(replies).map(one)).await;
             }
             Ok(other) => {
                 let why = format!("unexpected answer {other:?}");
-                for reply in replies {
+                for (reply, _) in replies {
                     let unknown = ForwardError::Unknown(why.clone());
                     let _ = reply.send(Ok(ForwardAnswer::Decided(Err(unknown))));
                 }
             }
             Err(e) => {
-                for reply in replies {
+                for (reply, _) in replies {
                     let _ = reply.send(Err(e.clone()));
                 }
             }
@@ -346,5 +370,196 @@ impl Forwarder {
                 "unexpected answer {other:?}"
             ))))),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::clock::ManualClock;
+    use crate::raft::rpc::{decode, encode};
+    use futures::future::BoxFuture;
+
+    /// A leader that decides every forwarded item (with no results), records how many items
+    /// each call carried and the time left `ForwardWithin`s carried, and answers a call
+    /// only when let through its gate (shut at first; a call takes one permit). With
+    /// `refuse_many`, it refuses `ForwardMany` as an older build does.
+    struct Leader {
+        calls: Mutex<Vec<usize>>,
+        within: Mutex<Vec<u64>>,
+        gate: Arc<tokio::sync::Semaphore>,
+        refuse_many: bool,
+    }
+
+    impl Default for Leader {
+        fn default() -> Self {
+            Leader {
+                calls: Mutex::default(),
+                within: Mutex::default(),
+                gate: Arc::new(tokio::sync::Semaphore::new(0)),
+                refuse_many: false,
+            }
+        }
+    }
+
+    impl Transport for Leader {
+        fn call(
+            &self,
+            _to: NodeId,
+            body: Vec<u8>,
+            _timeout: Duration,
+        ) -> BoxFuture<'static, Result<Vec<u8>, CallError>> {
+            let answer = match decode::<PeerRequest>(&body) {
+                Ok(PeerRequest::ForwardWithin { within_us, .. }) => {
+                    self.calls.lock().unwrap().push(1);
+                    self.within.lock().unwrap().push(within_us);
+                    PeerResponse::Forward(Ok(Vec::new()))
+                }
+                Ok(PeerRequest::ForwardMany { items, .. }) if self.refuse_many => {
+                    self.calls.lock().unwrap().push(items.len());
+                    PeerResponse::Refused("unknown variant".into())
+                }
+                Ok(PeerRequest::ForwardMany { items, .. }) => {
+                    self.calls.lock().unwrap().push(items.len());
+                    let decided = |_| ForwardAnswer::Decided(Ok(Vec::new()));
+                    PeerResponse::ForwardMany(items.iter().map(decided).collect())
+                }
+                other => panic!("a forward expected, not {other:?}"),
+            };
+            let gate = self.gate.clone();
+            Box::pin(async move {
+                if let Ok(pass) = gate.acquire().await {
+                    pass.forget();
+                }
+                Ok(encode(&answer))
+            })
+        }
+    }
+
+    /// A forwarder to `leader` with one call out at most, its clock at 0.
+    fn forwarder(leader: &Arc<Leader>) -> (Arc<Forwarder>, Arc<ManualClock>) {
+        let clock = Arc::new(ManualClock::new(0));
+        let counter = || IntCounter::new("c", "c").unwrap();
+        let transport: Arc<dyn Transport> = leader.clone();
+        let forwarder = Forwarder::new(
+            transport,
+            clock.clone(),
+            Duration::from_secs(10),
+            1,
+            counter(),
+            counter(),
+        );
+        (Arc::new(forwarder), clock)
+    }
+
+    /// A check forwarded to node 2 from a task of its own, to be decided within a second.
+    fn spawn(forwarder: &Arc<Forwarder>) -> tokio::task::JoinHandle<Outcome> {
+        let forwarder = forwarder.clone();
+        tokio::spawn(async move {
+            let deadline = 1_000_000_000;
+            forwarder
+                .forward(2, 0, vec![Command::Evict], false, deadline)
+                .await
+        })
+    }
+
+    async fn settle() {
+        for _ in 0..10 {
+            tokio::task::yield_now().await;
+        }
+    }
+
+    fn decided(outcome: Outcome) -> bool {
+        matches!(outcome, Ok(ForwardAnswer::Decided(Ok(_))))
+    }
+
+    #[tokio::test]
+    async fn callers_waiting_for_a_call_go_together_in_the_next() {
+        let leader = Arc::new(Leader::default());
+        let (forwarder, _) = forwarder(&leader);
+        let first = spawn(&forwarder);
+        settle().await;
+        let waiting: Vec<_> = (0..10).map(|_| spawn(&forwarder)).collect();
+        settle().await;
+        assert_eq!(
+            *leader.calls.lock().unwrap(),
+            [1],
+            "one call out, the rest wait"
+        );
+        leader.gate.add_permits(100);
+        assert!(decided(first.await.unwrap()));
+        for w in waiting {
+            assert!(decided(w.await.unwrap()));
+        }
+        assert_eq!(*leader.calls.lock().unwrap(), [1, 10]);
+        assert_eq!((forwarder.calls.get(), forwarder.forwarded.get()), (2, 11));
+    }
+
+    #[tokio::test]
+    async fn a_waiting_caller_that_left_is_not_sent() {
+        let leader = Arc::new(Leader::default());
+        let (forwarder, _) = forwarder(&leader);
+        let first = spawn(&forwarder);
+        settle().await;
+        let (left, stays) = (spawn(&forwarder), spawn(&forwarder));
+        settle().await;
+        left.abort();
+        settle().await;
+        leader.gate.add_permits(100);
+        assert!(decided(first.await.unwrap()));
+        assert!(decided(stays.await.unwrap()));
+        assert_eq!(
+            *leader.calls.lock().unwrap(),
+            [1, 1],
+            "the caller that left went"
+        );
+    }
+
+    #[tokio::test]
+    async fn a_waiting_caller_whose_deadline_passed_is_answered_and_not_sent() {
+        let leader = Arc::new(Leader::default());
+        let (forwarder, clock) = forwarder(&leader);
+        let first = spawn(&forwarder);
+        settle().await;
+        let late = spawn(&forwarder);
+        settle().await;
+        clock.advance(1_000_000_000);
+        leader.gate.add_permits(100);
+        assert!(decided(first.await.unwrap()));
+        let answer = late.await.unwrap();
+        assert!(
+            matches!(
+                answer,
+                Ok(ForwardAnswer::Decided(Err(ForwardError::Unavailable(_))))
+            ),
+            "{answer:?}"
+        );
+        assert_eq!(*leader.calls.lock().unwrap(), [1]);
+    }
+
+    #[tokio::test]
+    async fn a_batch_an_older_build_refused_goes_one_by_one_with_the_time_left_then() {
+        let leader = Arc::new(Leader {
+            refuse_many: true,
+            ..Leader::default()
+        });
+        let (forwarder, clock) = forwarder(&leader);
+        let first = spawn(&forwarder);
+        settle().await;
+        let waiting = spawn(&forwarder);
+        settle().await;
+        leader.gate.add_permits(1);
+        assert!(decided(first.await.unwrap()));
+        settle().await;
+        // The batch is out (at the gate); 0.4 s pass before the refusal comes back.
+        clock.advance(400_000_000);
+        leader.gate.add_permits(100);
+        assert!(decided(waiting.await.unwrap()));
+        assert_eq!(
+            *leader.calls.lock().unwrap(),
+            [1, 1, 1],
+            "a batch, then alone"
+        );
+        assert_eq!(*leader.within.lock().unwrap(), [1_000_000, 600_000]);
     }
 }

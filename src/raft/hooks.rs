@@ -71,7 +71,8 @@ pub struct Hooks {
     pub fallback: Option<FallbackSink>,
     pub handover: Option<HandoverSink>,
     pub io_on_runtime: bool,
-    /// Replaces `ClusterConfig::forward_in_flight` (its default, `forward::MAX_IN_FLIGHT`).
+    /// Calls with forwarded checks out to one peer (strict or fast) past which callers
+    /// wait and share the next, instead of `forward::MAX_IN_FLIGHT`.
     pub forward_in_flight: Option<usize>,
     /// UNSAFE negative control: apply decides at this node's clock reading instead of the
     /// batch's shard time (replicas diverge; windows are no longer the log's).
