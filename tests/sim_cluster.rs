@@ -15,7 +15,7 @@ use std::time::Duration;
 
 /// Seeds in the sweep (per test; four tests share the sweep so both cores work, a fifth runs
 /// 6 seeds at 30 clients, a sixth 4 with failover clients and seed 10 both ways, and a
-/// seventh 6 with quick restarts, an eighth 3 with retrying clients, and 3 each amid handovers and with a member replaced; `.ci/run` adds 310 seeds on the release build, where a seed runs ~5x faster; each seed
+/// seventh 6 with quick restarts, an eighth 3 with retrying clients, and 3 each amid handovers and with a member replaced; `.ci/run` adds 330 seeds on the release build, where a seed runs ~5x faster; each seed
 /// runs in a `quorate` process of its own, so a failing seed's printed command replays
 /// exactly its run). Override with QUORATE_SIM_SEEDS (per test) for a longer local run.
 fn seeds_per_part() -> u64 {

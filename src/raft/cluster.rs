@@ -480,7 +480,10 @@ impl Cluster {
             transport.clone(),
             clock.clone(),
             config.forward_timeout,
-            (config.hooks.forward_in_flight).unwrap_or(super::forward::MAX_IN_FLIGHT),
+            config
+                .hooks
+                .forward_in_flight
+                .unwrap_or(super::forward::MAX_IN_FLIGHT),
             metrics.forwarded.clone(),
             metrics.forward_calls.clone(),
         ));

@@ -452,6 +452,21 @@ mod tests {
         (Arc::new(forwarder), clock)
     }
 
+    /// A forwarder to `leader` (its clock at 0) with its one call out, held at the gate:
+    /// the next callers wait.
+    async fn one_out(
+        leader: &Arc<Leader>,
+    ) -> (
+        Arc<Forwarder>,
+        Arc<ManualClock>,
+        tokio::task::JoinHandle<Outcome>,
+    ) {
+        let (forwarder, clock) = forwarder(leader);
+        let first = spawn(&forwarder);
+        settle().await;
+        (forwarder, clock, first)
+    }
+
     /// A check forwarded to node 2 from a task of its own, to be decided within a second.
     fn spawn(forwarder: &Arc<Forwarder>) -> tokio::task::JoinHandle<Outcome> {
         let forwarder = forwarder.clone();
@@ -476,9 +491,7 @@ mod tests {
     #[tokio::test]
     async fn callers_waiting_for_a_call_go_together_in_the_next() {
         let leader = Arc::new(Leader::default());
-        let (forwarder, _) = forwarder(&leader);
-        let first = spawn(&forwarder);
-        settle().await;
+        let (forwarder, _, first) = one_out(&leader).await;
         let waiting: Vec<_> = (0..10).map(|_| spawn(&forwarder)).collect();
         settle().await;
         assert_eq!(
@@ -498,9 +511,7 @@ mod tests {
     #[tokio::test]
     async fn a_waiting_caller_that_left_is_not_sent() {
         let leader = Arc::new(Leader::default());
-        let (forwarder, _) = forwarder(&leader);
-        let first = spawn(&forwarder);
-        settle().await;
+        let (forwarder, _, first) = one_out(&leader).await;
         let (left, stays) = (spawn(&forwarder), spawn(&forwarder));
         settle().await;
         left.abort();
@@ -518,9 +529,7 @@ mod tests {
     #[tokio::test]
     async fn a_waiting_caller_whose_deadline_passed_is_answered_and_not_sent() {
         let leader = Arc::new(Leader::default());
-        let (forwarder, clock) = forwarder(&leader);
-        let first = spawn(&forwarder);
-        settle().await;
+        let (forwarder, clock, first) = one_out(&leader).await;
         let late = spawn(&forwarder);
         settle().await;
         clock.advance(1_000_000_000);
@@ -543,9 +552,7 @@ mod tests {
             refuse_many: true,
             ..Leader::default()
         });
-        let (forwarder, clock) = forwarder(&leader);
-        let first = spawn(&forwarder);
-        settle().await;
+        let (forwarder, clock, first) = one_out(&leader).await;
         let waiting = spawn(&forwarder);
         settle().await;
         leader.gate.add_permits(1);
