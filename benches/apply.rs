@@ -107,8 +107,8 @@ fn apply(c: &mut Criterion) {
 /// - `apply_after_clone`: a batch of [`BATCH`] checks applied to a state whose key table a
 ///   copy still shares (each part a check changes is copied first);
 /// - `digest`: what `/v1/admin/status?digest=true` computes per shard, under the lock;
-/// - `100000_ids_*`: `pending` and `clone` of a shard whose request id table is full: the
-///   ids are still copied under the lock.
+/// - `100000_ids_*`: `pending`, `clone` and `apply_after_clone` of a shard whose request id
+///   table is full (its parts are shared as the key table's are).
 fn image(c: &mut Criterion) {
     let mut g = c.benchmark_group("image");
     g.sample_size(10);
@@ -157,8 +157,7 @@ fn image(c: &mut Criterion) {
     g.bench_function(format!("{IMAGE_KEYS}_keys_digest"), |b| {
         b.iter(|| black_box(state.digest()))
     });
-    // The request ids a snapshot and a shared copy still copy under the lock: a shard with
-    // its id table full (100,000 ids, the default cap) and 5,000 keys.
+    // A shard with its id table full (100,000 ids, the default cap) and 5,000 keys.
     let mut batches = Batches::new(true);
     let mut ids = ShardState::new(bounds());
     for _ in 0..2_000 {
@@ -168,6 +167,16 @@ fn image(c: &mut Criterion) {
         b.iter(|| black_box(ids.pending_image()))
     });
     g.bench_function("100000_ids_clone", |b| b.iter(|| black_box(ids.share())));
+    g.bench_function("100000_ids_apply_after_clone", |b| {
+        b.iter_batched(
+            || (ids.share(), batches.next()),
+            |(mut copy, batch)| {
+                let applied = copy.apply(&batch);
+                (copy, batch, black_box(applied))
+            },
+            BatchSize::SmallInput,
+        )
+    });
     g.finish();
 }
 

@@ -9,6 +9,7 @@
 
 pub mod actor;
 pub mod command;
+mod ids;
 pub mod lane;
 pub mod route;
 pub mod state;

@@ -5,17 +5,12 @@
 //! batch) and its decisions never depend on hash-table iteration order.
 
 use super::command::{Applied, Batch, Command, Fallback};
+use super::ids::{Entries, IdTable};
 use super::table::{KeyTable, Part, PartRef};
 use crate::limiter::{Decision, KeyState, Limit, Nanos, Outcome, SECOND};
 use crate::policy::OnUnavailable;
 use std::cell::RefCell;
-use std::collections::{BTreeSet, VecDeque};
-
-/// The shard tables' hash map: foldhash is several times faster than SipHash on short keys.
-/// Its seed differs per process and per map (from addresses and time, not the OS's
-/// randomness), so a key set chosen offline does not collide here; foldhash itself claims
-/// only minimal resistance to an attacker who can probe a running node.
-type HashMap<K, V> = std::collections::HashMap<K, V, foldhash::fast::RandomState>;
+use std::collections::BTreeSet;
 
 /// A key's state and the limit that last decided it (eviction asks the limit whether the
 /// state is fresh).
@@ -28,10 +23,13 @@ struct Entry {
 /// Remembered answers for request ids, expiring after the horizon (oldest first). An id is
 /// held as its digest ([`digest16`]): 16 bytes in place of a string on the heap twice (in
 /// the map and in the expiry queue), so remembering and forgetting one allocates nothing.
-#[derive(Debug, Default, Clone)]
-struct Idempotency {
-    answers: HashMap<Digest16, Remembered>,
-    expiry: VecDeque<(Nanos, Digest16)>,
+/// In expiry order, in chunks an image shares ([`IdTable`]).
+type Idempotency = IdTable<Digest16, Remembered>;
+
+/// The request ids remembered, in expiry order, with the time each expires from and what it
+/// remembers: as an image carries them.
+fn remembered(ids: &Entries<Digest16, Remembered>) -> Vec<(Nanos, Digest16, Remembered)> {
+    ids.iter().copied().collect()
 }
 
 /// What a shard remembers of a request id's first decision.
@@ -49,15 +47,6 @@ struct Remembered {
     /// what a refund under the id must name and may give back at most. Zero otherwise.
     key: Digest16,
     cost: u64,
-}
-
-impl Idempotency {
-    /// The request ids remembered, in expiry order, with the time each expires from and
-    /// what it remembers: as an image carries them.
-    fn remembered(&self) -> Vec<(Nanos, Digest16, Remembered)> {
-        let answer = |(at, id): &(Nanos, Digest16)| self.answers.get(id).map(|d| (*at, *id, *d));
-        self.expiry.iter().filter_map(answer).collect()
-    }
 }
 
 impl Remembered {
@@ -172,15 +161,13 @@ where
 }
 
 /// A shard's state as of one apply, to encode as an image later, off the state machine's
-/// lock ([`ShardState::pending_image`]): the key table is a copy that shares its parts
-/// ([`KeyTable::share`]), so taking it costs the lock a reference count per part, not an
-/// encoding of every key.
+/// lock ([`ShardState::pending_image`]): the key table and the request ids are copies that
+/// share their parts ([`KeyTable::share`], [`IdTable::entries`]), so taking it costs the lock
+/// a reference count per part, not an encoding of every key and id.
 pub struct PendingImage {
     time: Nanos,
     keys: KeyTable<Entry>,
-    /// A copy (listed in expiry order by the encoding: a lookup per id, 5x the copy's time
-    /// at 100,000 ids, `cargo bench --bench apply -- ids`).
-    ids: Idempotency,
+    ids: Entries<Digest16, Remembered>,
     members: MemberHistory,
 }
 
@@ -193,7 +180,7 @@ impl PendingImage {
                 len: self.keys.len(),
                 parts: RefCell::new(self.keys.into_parts()),
             },
-            ids: &self.ids.remembered(),
+            ids: &remembered(&self.ids),
             members: &self.members,
         };
         image.encode()
@@ -337,7 +324,7 @@ impl ShardState {
                 on_full,
             } => {
                 let id = request_id.as_deref().map(digest16);
-                if let Some(r) = id.as_ref().and_then(|id| self.ids.answers.get(id)) {
+                if let Some(r) = id.as_ref().and_then(|id| self.ids.get(id)) {
                     // The first decision (a denial if it was refunded), and when it was
                     // made (what a refund names).
                     return Applied::Decided {
@@ -384,7 +371,7 @@ impl ShardState {
                     return Applied::Refunded;
                 }
                 if let Some(id) = request_id {
-                    match self.ids.answers.get_mut(&digest16(id)) {
+                    match self.ids.get_mut(&digest16(id)) {
                         Some(r) if r.refundable(key, *cost, *admitted_at) => {
                             r.decision.outcome = Outcome::Denied;
                         }
@@ -445,25 +432,16 @@ impl ShardState {
 
     fn remember(&mut self, id: Digest16, remembered: Remembered) {
         let now = remembered.at;
-        if self.ids.answers.len() >= self.bounds.max_request_ids {
-            if let Some((_, oldest)) = self.ids.expiry.pop_front() {
-                self.ids.answers.remove(&oldest);
-            }
+        if self.ids.len() >= self.bounds.max_request_ids {
+            self.ids.forget_oldest();
         }
-        self.ids.answers.insert(id, remembered);
-        self.ids
-            .expiry
-            .push_back((now.saturating_add(self.bounds.idempotency_horizon), id));
+        let expires = now.saturating_add(self.bounds.idempotency_horizon);
+        self.ids.insert(expires, id, remembered);
     }
 
     fn expire_ids(&mut self, now: Nanos) {
-        while let Some((at, _)) = self.ids.expiry.front() {
-            if *at > now {
-                break;
-            }
-            if let Some((_, id)) = self.ids.expiry.pop_front() {
-                self.ids.answers.remove(&id);
-            }
+        while self.ids.oldest().is_some_and(|at| at <= now) {
+            self.ids.forget_oldest();
         }
     }
 
@@ -475,7 +453,7 @@ impl ShardState {
         let image = ImageRef {
             time: self.time,
             keys: KeysRef(&self.keys),
-            ids: &self.ids.remembered(),
+            ids: &remembered(&self.ids.entries()),
             members: &self.members,
         };
         image.encode()
@@ -484,24 +462,18 @@ impl ShardState {
     /// The state as of now, to encode as an image later ([`PendingImage::encode`]): what a
     /// snapshot takes between two applies, encoded while the shard applies on.
     pub fn pending_image(&mut self) -> PendingImage {
-        let ShardState {
-            keys,
-            ids,
-            members,
-            time,
-            ..
-        } = self.share();
         PendingImage {
-            time,
-            keys,
-            ids,
-            members,
+            time: self.time,
+            keys: self.keys.share(),
+            ids: self.ids.entries(),
+            members: self.members.clone(),
         }
     }
 
     /// A copy of the state whose key table shares its parts with this one's
     /// ([`KeyTable::share`]): a reference count per part, where `clone` copies every key.
-    /// What a fast leader's speculative state starts from.
+    /// The request ids share their answers too; their index is copied ([`IdTable`]). What a
+    /// fast leader's speculative state starts from.
     pub fn share(&mut self) -> ShardState {
         ShardState {
             keys: self.keys.share(),
@@ -539,8 +511,7 @@ impl ShardState {
             );
         }
         for (at, id, remembered) in image.ids {
-            state.ids.answers.insert(id, remembered);
-            state.ids.expiry.push_back((at, id));
+            state.ids.insert(at, id, remembered);
         }
         Ok(state)
     }
@@ -564,7 +535,7 @@ impl ShardState {
         let rest = ImageRef {
             time: self.time,
             keys: &[] as &[(String, Limit, KeyState)],
-            ids: &self.ids.remembered(),
+            ids: &remembered(&self.ids.entries()),
             members: &self.members,
         };
         let mut bytes =
@@ -1111,6 +1082,44 @@ mod tests {
         // The first state's image still decodes to it.
         let restored = ShardState::from_image(&image, bounds(100_000)).unwrap();
         assert_eq!(restored.digest(), before);
+    }
+
+    /// A snapshot's image is the state as of when it was taken: what the shard applies while
+    /// it is encoded (ids remembered and forgotten, a refund that turns a remembered
+    /// admission into a denial) is not in it, though the ids share their chunks with it.
+    #[test]
+    fn a_pending_image_is_the_state_when_it_was_taken() {
+        let mut s = ShardState::new(bounds(10_000));
+        let checks = |ids: std::ops::Range<u64>| {
+            let check_id = |i| check(&format!("k{i}"), &tb(), 1, Some(&format!("r{i}")));
+            ids.map(check_id).collect::<Vec<_>>()
+        };
+        s.apply(&Batch::at(5, checks(0..900)));
+        let image = s.image();
+        let pending = s.pending_image();
+        let refund = Command::Refund {
+            key: "k600".into(),
+            limit: tb(),
+            cost: 1,
+            admitted_at: 5,
+            request_id: Some("r600".into()),
+            epoch: 0,
+        };
+        s.apply(&Batch::at(6, vec![refund]));
+        // 600 more ids, past the cap of 1,000: the 500 oldest are forgotten.
+        s.apply(&Batch::at(7, checks(900..1_500)));
+        let repeat =
+            |s: &mut ShardState, id: u64| decided(&s.apply(&Batch::at(8, checks(id..id + 1)))[0]);
+        assert!(!repeat(&mut s, 600).allowed(), "refunded: a denial now");
+        assert!(repeat(&mut s, 3).allowed(), "forgotten: decided again");
+        assert_eq!(pending.encode(), image);
+        let mut restored = ShardState::from_image(&image, bounds(10_000)).unwrap();
+        assert!(
+            repeat(&mut restored, 600).allowed(),
+            "remembered as admitted"
+        );
+        assert_eq!(restored.ids.len(), 900);
+        assert_eq!(s.ids.len(), 1_000);
     }
 
     /// Images are not sorted: the digest, not the bytes, says two states are equal. Keys
