@@ -195,7 +195,8 @@ pub struct NodeOptions {
     /// Address of the RESP (Redis protocol) API [default: 127.0.0.1:6380].
     #[arg(long, env = "QUORATE_RESP_ADDR")]
     pub resp_addr: Option<SocketAddr>,
-    /// Data directory (state persistence arrives with the cluster; created if missing).
+    /// Data directory: a cluster member's Raft log, snapshots and identity records (needed
+    /// with --peers; created if missing). A single node keeps its state in memory.
     #[arg(long, env = "QUORATE_DATA_DIR")]
     pub data_dir: Option<PathBuf>,
     /// Policy file [default: ./quorate.toml if present, else the built-in defaults].
