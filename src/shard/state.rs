@@ -20,10 +20,10 @@ struct Entry {
     state: KeyState,
 }
 
-/// Remembered answers for request ids, expiring after the horizon (oldest first). An id is
-/// held as its digest ([`digest16`]): 16 bytes in place of a string on the heap twice (in
-/// the map and in the expiry queue), so remembering and forgetting one allocates nothing.
-/// In expiry order, in chunks an image shares ([`IdTable`]).
+/// Remembered answers for request ids, expiring after the horizon (oldest first), in chunks
+/// an image shares ([`IdTable`]). An id is held as its digest ([`digest16`]): 16 bytes in
+/// place of a string on the heap twice (in the index and in the queue), so remembering one
+/// allocates nothing but a new chunk every 256 ids.
 type Idempotency = IdTable<Digest16, Remembered>;
 
 /// The request ids remembered, in expiry order, with the time each expires from and what it
@@ -371,9 +371,14 @@ impl ShardState {
                     return Applied::Refunded;
                 }
                 if let Some(id) = request_id {
-                    match self.ids.get_mut(&digest16(id)) {
+                    let id = digest16(id);
+                    match self.ids.get(&id) {
+                        // Found first, changed only then: the change copies the answer's
+                        // chunk if an image still shares it.
                         Some(r) if r.refundable(key, *cost, *admitted_at) => {
-                            r.decision.outcome = Outcome::Denied;
+                            if let Some(r) = self.ids.get_mut(&id) {
+                                r.decision.outcome = Outcome::Denied;
+                            }
                         }
                         // Given back already, or not this admission; or the id is not here,
                         // so neither is its admission: one a failover lost (a fast one), or
