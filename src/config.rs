@@ -86,6 +86,8 @@ pub struct ClusterSettings {
     pub fast_batch: usize,
     /// A shard's snapshot is taken after this many log entries since the last.
     pub snapshot_every: u64,
+    /// ... or after this many bytes of log entries since the last, whichever comes first.
+    pub snapshot_log_bytes: u64,
     /// Most entries a shard's leader has proposed and not yet seen committed.
     pub pipeline: usize,
     /// Most leaders' denials this node keeps and gives again without forwarding (0: none).
@@ -306,6 +308,11 @@ pub struct NodeOptions {
     /// Log entries between a shard's snapshots [default: 20000].
     #[arg(long, env = "QUORATE_SNAPSHOT_EVERY")]
     pub snapshot_every: Option<u64>,
+    /// Bytes of log entries (as written to the log) after which a shard takes a snapshot,
+    /// whatever their count: what bounds the log's memory and disk when entries are large
+    /// (fast load puts hundreds of checks in one) [default: 16777216, 16 MiB].
+    #[arg(long, env = "QUORATE_SNAPSHOT_LOG_BYTES")]
+    pub snapshot_log_bytes: Option<u64>,
     /// Write the write-ahead log with O_DIRECT (then fdatasync, as without it): less CPU per
     /// durable append on Linux. Where the file system refuses O_DIRECT the log falls back to
     /// the page cache by itself; `false` always uses the page cache [default: true].
@@ -428,6 +435,7 @@ impl NodeOptions {
             wal_direct_io: self.wal_direct_io.or(fallback.wal_direct_io),
             join: self.join.or(fallback.join),
             snapshot_every: self.snapshot_every.or(fallback.snapshot_every),
+            snapshot_log_bytes: self.snapshot_log_bytes.or(fallback.snapshot_log_bytes),
             pipeline: self.pipeline.or(fallback.pipeline),
             denial_cache: self.denial_cache.or(fallback.denial_cache),
         }
@@ -509,6 +517,10 @@ impl NodeOptions {
             denial_cache: self.denial_cache.unwrap_or(100_000),
             snapshot_every: match self.snapshot_every.unwrap_or(20_000) {
                 0 => return Err("`snapshot_every` must be at least 1".into()),
+                n => n,
+            },
+            snapshot_log_bytes: match self.snapshot_log_bytes.unwrap_or(16 << 20) {
+                0 => return Err("`snapshot_log_bytes` must be at least 1".into()),
                 n => n,
             },
             hooks: Default::default(),

@@ -244,8 +244,9 @@ struct ClusterArgs {
     /// a member), amid the other faults. The removed node keeps running.
     #[arg(long)]
     membership_faults: bool,
-    /// Every node snapshots each shard every 50 entries (instead of 20,000), so restarted
-    /// and lagging nodes install the leader's snapshots amid the faults.
+    /// Every node snapshots each shard every 50 entries or 4 KiB of them (instead of 20,000
+    /// or 16 MiB), so restarted and lagging nodes install the leader's snapshots amid the
+    /// faults.
     #[arg(long)]
     small_snapshots: bool,
     /// How the nodes spread keys over shards: "hash" or "slots" (Redis Cluster's hash slots).

@@ -343,6 +343,7 @@ pub async fn start<P: Listener, C: Connector>(
     cluster_config.join = settings.join;
     cluster_config.pipeline = settings.pipeline;
     cluster_config.snapshot_every = settings.snapshot_every;
+    cluster_config.snapshot_log_bytes = settings.snapshot_log_bytes;
     cluster_config.hooks = settings.hooks.clone();
     cluster_config.refuse_requests = settings.refuse_requests.clone();
     // The low 8 bytes, as this was before `derive_number`: the same incarnations.

@@ -2133,6 +2133,82 @@ async fn a_lagging_node_catches_up_by_snapshot_and_every_replica_agrees() {
     }
 }
 
+/// `--snapshot-log-bytes`: a shard takes a snapshot once the entries appended to its log
+/// since the last one come to that many bytes, however few entries they are, and then keeps
+/// behind it only what a quarter of those bytes holds. openraft alone counts entries
+/// (`--snapshot-every`, out of reach here, and the 1,000 it keeps behind a snapshot): under
+/// fast load an entry carries hundreds of checks, and the log grew by hundreds of MB with no
+/// snapshot. Every replica does this by itself.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_shards_log_is_bounded_by_its_bytes_not_only_its_entries() {
+    let cluster = blocking(|| {
+        Cluster::start(
+            3,
+            &policies(),
+            &[
+                "--snapshot-every",
+                "1000000",
+                "--snapshot-log-bytes",
+                "16384",
+            ],
+        )
+    });
+    let clients: Vec<Client> = (0..3).map(|i| client(cluster.members[i].resp)).collect();
+    // Keys of 200 bytes: each check's entry (one check each, one at a time) is a few
+    // hundred bytes, so every shard's log gets about 600 entries, well over 16 KiB.
+    let long = "k".repeat(200);
+    for n in 0..1_800usize {
+        let key = format!("{long}{}", n % 90);
+        let a = clients[n % 3]
+            .check(&[("count", &key, 1)], None)
+            .await
+            .unwrap();
+        assert!(a.allowed);
+    }
+    let numbers = |i, field| -> Vec<u64> {
+        blocking(|| group_field(&cluster, i, field))
+            .iter()
+            .filter_map(|v| v.as_u64())
+            .collect()
+    };
+    // Within a few of the byte check's one-second rounds (openraft may put a purge off
+    // while it replicates), every replica of every shard has taken a snapshot and holds
+    // fewer than 250 entries (16 KiB / 4 at a few hundred bytes each is about 15 kept
+    // behind the snapshot, and up to 16 KiB of entries after it).
+    let started = Instant::now();
+    loop {
+        let seen: Vec<(Vec<u64>, Vec<u64>)> = (0..3)
+            .map(|i| {
+                let held = numbers(i, "last_log_index")
+                    .iter()
+                    .zip(numbers(i, "purged_index"))
+                    .map(|(last, purged)| last - purged)
+                    .collect();
+                (numbers(i, "snapshots"), held)
+            })
+            .collect();
+        let bounded = seen.iter().all(|(snapshots, held)| {
+            snapshots.len() == SHARDS
+                && snapshots.iter().all(|&s| s >= 1)
+                && held.iter().all(|&h| h < 250)
+        });
+        if bounded {
+            break;
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(20),
+            "(snapshots, entries held) per member and shard: {seen:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+    // And the state is all there: each key counted 20 times.
+    let c = client(cluster.members[1].resp);
+    for k in [0, 45, 89] {
+        let key = format!("{long}{k}");
+        assert_eq!(remaining(&c, "count", &key).await, BIG - 20);
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn without_a_quorum_checks_get_their_on_unavailable_answer_in_bounded_time() {
     let mut cluster = blocking(|| Cluster::start(3, &policies(), &[]));

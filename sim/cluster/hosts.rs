@@ -299,6 +299,7 @@ pub fn handles(
                 pipeline: 1,
                 denial_cache: 100_000,
                 snapshot_every: if opts.small_snapshots { 50 } else { 20_000 },
+                snapshot_log_bytes: if opts.small_snapshots { 4096 } else { 16 << 20 },
                 join,
                 hooks,
             });

@@ -149,10 +149,10 @@ pub struct Options {
     /// the other faults. The removed node keeps running, outside every shard. Off by
     /// default, so that seeds replay as they did before the option existed.
     pub membership_faults: bool,
-    /// Every node snapshots each shard every 50 entries instead of 20,000
-    /// (`--small-snapshots`), keeping 25 entries behind each: a node that restarts or lags
-    /// gets the leader's snapshot, so snapshot builds, installs and the log's purges run
-    /// amid the faults. Off by default, so that seeds replay as they did before the option
+    /// Every node snapshots each shard every 50 entries instead of 20,000, or 4 KiB of
+    /// entries instead of 16 MiB (`--small-snapshots`), keeping 25 entries behind each, or
+    /// 1 KiB of them: a node that restarts or lags gets the leader's snapshot, so snapshot
+    /// builds, installs and the log's purges run amid the faults. Off by default, so that seeds replay as they did before the option
     /// existed.
     pub small_snapshots: bool,
     pub keys: usize,

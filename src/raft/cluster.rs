@@ -104,6 +104,8 @@ pub struct ClusterConfig {
     pub commit_notice_delay: Duration,
     /// A snapshot is taken after this many entries since the last.
     pub snapshot_every: u64,
+    /// ... or after this many bytes of entries appended since the last ([`snapshot_loop`]).
+    pub snapshot_log_bytes: u64,
     /// Joining a running cluster: never bootstrap the groups (a member adds this node).
     pub join: bool,
     /// The simulation's observers and negative-control switches (unset in production).
@@ -138,6 +140,7 @@ impl ClusterConfig {
             pipeline: 4,
             commit_notice_delay: Duration::from_millis(5),
             snapshot_every: 20_000,
+            snapshot_log_bytes: 16 << 20,
             join: false,
             hooks: Default::default(),
             refuse_requests: Vec::new(),
@@ -282,6 +285,9 @@ pub struct GroupStatus {
     pub this_node_removed: bool,
     pub term: u64,
     pub last_log_index: u64,
+    /// The last log index purged behind a snapshot (0: none): the log holds the entries
+    /// after it, up to `last_log_index`.
+    pub purged_index: u64,
     pub commit_index: u64,
     pub applied_index: u64,
     /// Leader only: entries each follower is behind the leader's last log index.
@@ -504,6 +510,7 @@ impl Cluster {
             tokio::spawn(propose_loop(cluster.clone(), g.clone()));
         }
         tokio::spawn(rebalance_loop(Arc::downgrade(&cluster)));
+        tokio::spawn(snapshot_loop(Arc::downgrade(&cluster)));
         Ok(cluster)
     }
 
@@ -1540,6 +1547,7 @@ impl Cluster {
                     this_node_removed,
                     term: m.current_term,
                     last_log_index: last,
+                    purged_index: m.purged.map_or(0, |l| l.index),
                     commit_index: m.last_applied.map_or(0, |l| l.index),
                     applied_index: g.info.applied.load(Ordering::Relaxed),
                     lag,
@@ -2377,6 +2385,72 @@ fn check_change(
         }
     }
     Ok(())
+}
+
+/// Bounds a shard's log by bytes, checked every second: openraft counts only entries
+/// (`snapshot_every`, and `max_in_snapshot_log_to_keep` behind a snapshot), and an entry can
+/// carry hundreds of checks. Seen: a 3-node cluster on one machine under pipelined fast load
+/// held about 3,500 entries per shard and no snapshot after six million checks, each node
+/// at 970 MB resident and 240 MB of log, on its way to 20,000 entries.
+///
+/// - A snapshot once the entries appended since the last one reach `snapshot_log_bytes`.
+/// - Behind a snapshot, openraft keeps up to 1,000 entries (for a follower a little behind
+///   to catch up by log): fewer when they would come to more than a quarter of
+///   `snapshot_log_bytes` at the entries' recent average size.
+///
+/// Every replica decides for itself, as openraft's own policy does.
+async fn snapshot_loop(cluster: std::sync::Weak<Cluster>) {
+    let mut tick = tokio::time::interval(Duration::from_secs(1));
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    // Per group: the (bytes, entries) appended as of the last tick, the entries' average
+    // size, and the snapshot index last purged behind.
+    let mut seen: BTreeMap<GroupId, ((u64, u64), u64, u64)> = BTreeMap::new();
+    loop {
+        tick.tick().await;
+        let Some(c) = cluster.upgrade() else { return };
+        let keep_most = (c.config.snapshot_every / 2).clamp(1, 1000);
+        for g in &c.groups {
+            let appended = g.info.log_bytes.load(Ordering::Relaxed);
+            let entries = g.info.log_entries.load(Ordering::Relaxed);
+            let ((bytes_then, entries_then), per_entry, purged) =
+                seen.entry(g.id).or_insert(((0, 0), 0, 0));
+            if entries > *entries_then {
+                let sample = appended.saturating_sub(*bytes_then) / (entries - *entries_then);
+                *per_entry = match *per_entry {
+                    0 => sample,
+                    before => (before * 3 + sample) / 4,
+                };
+            }
+            (*bytes_then, *entries_then) = (appended, entries);
+            let durable = g.info.snapshot_durable.load(Ordering::Acquire);
+            if durable > *purged && *per_entry > 0 {
+                *purged = durable;
+                let keep = (c.config.snapshot_log_bytes / 4 / *per_entry).min(keep_most);
+                let upto = durable.saturating_sub(keep);
+                if keep < keep_most && upto > 0 && g.raft.trigger().purge_log(upto).await.is_err() {
+                    return;
+                }
+            }
+            let since =
+                appended.saturating_sub(g.info.log_bytes_at_snapshot.load(Ordering::Relaxed));
+            if since < c.config.snapshot_log_bytes {
+                continue;
+            }
+            // Not again until as many more bytes, should openraft not build one now (it
+            // builds one at a time); the snapshot sets the mark again when it is taken.
+            g.info
+                .log_bytes_at_snapshot
+                .store(appended, Ordering::Relaxed);
+            tracing::debug!(
+                shard = g.id,
+                bytes = since,
+                "log bytes since the last snapshot: taking one"
+            );
+            if g.raft.trigger().snapshot().await.is_err() {
+                return;
+            }
+        }
+    }
 }
 
 /// Spreads leadership: every few seconds, a node that leads a group another voter is

@@ -313,11 +313,24 @@ impl NodeLog {
 
     /// [`NodeLog::group`], whose purges go no further than `snapshot` (the group's state
     /// machine's `MachineInfo::snapshot_durable`) covers (see the module docs).
+    ///
+    /// The entries it holds past that snapshot (replayed from the WAL) count towards the
+    /// next one's bytes (`MachineInfo::log_bytes`), so a node restarted on a long log takes
+    /// a snapshot soon instead of holding it until as many bytes more have come.
     pub fn group_after_snapshots(&self, group: GroupId, snapshot: Arc<MachineInfo>) -> GroupLog {
-        GroupLog {
-            snapshot: Some(snapshot),
+        let log = GroupLog {
+            snapshot: Some(Arc::clone(&snapshot)),
             ..self.group(group)
+        };
+        let covered = snapshot.snapshot_durable.load(Ordering::Acquire);
+        let (mut held, mut entries) = (0, 0);
+        for (_, e) in lock(&log.state).entries.range(covered + 1..) {
+            held += encode(e).map_or(0, |bytes| bytes.len() as u64);
+            entries += 1;
         }
+        snapshot.log_bytes.fetch_add(held, Ordering::Relaxed);
+        snapshot.log_entries.fetch_add(entries, Ordering::Relaxed);
+        log
     }
 
     /// The groups with state (on disk or handed out since open).
@@ -560,6 +573,12 @@ impl RaftLogStorage<TypeConfig> for GroupLog {
         let fail = |e| storage_error(ErrorSubject::Logs, ErrorVerb::Write, e);
         let entries: Vec<Entry> = entries.into_iter().collect();
         let batch = self.entries_batch(&entries).map_err(fail)?;
+        if let Some(info) = &self.snapshot {
+            info.log_bytes
+                .fetch_add(batch.bytes() as u64, Ordering::Relaxed);
+            info.log_entries
+                .fetch_add(entries.len() as u64, Ordering::Relaxed);
+        }
         let reserved = self.wal.reserve(batch).await.map_err(fail)?;
         let mut state = lock(&self.state);
         for entry in entries {

@@ -43,6 +43,13 @@ pub struct MachineInfo {
     /// The last log index the snapshot file covers, once it is durable: the group's log
     /// store purges no further (`raft::log_store`).
     pub snapshot_durable: AtomicU64,
+    /// Bytes of entries appended to the group's log on this node (as written to the WAL), and
+    /// their count when the last snapshot was taken or installed: what `snapshot_loop`
+    /// (raft/cluster.rs) takes a snapshot by.
+    pub log_bytes: AtomicU64,
+    pub log_bytes_at_snapshot: AtomicU64,
+    /// Entries appended to the group's log on this node (what `log_bytes` came in).
+    pub log_entries: AtomicU64,
     /// Purges that reached the log store before the snapshot covering them was durable
     /// (they wait for it). Always 0: openraft (vendor/README.md, the fourth change) runs the
     /// purge after a snapshot install only once the install has finished. Counted, not
@@ -91,6 +98,14 @@ fn snap_write(e: impl ToString) -> StorageError<NodeId> {
 }
 
 impl ShardMachine {
+    /// Notes the log's bytes as of a snapshot taken or installed (`MachineInfo::log_bytes`).
+    fn mark_log_bytes(&self) {
+        let appended = self.info.log_bytes.load(Ordering::Relaxed);
+        self.info
+            .log_bytes_at_snapshot
+            .store(appended, Ordering::Relaxed);
+    }
+
     /// Opens group `group`'s state machine, restoring the snapshot in `dir` if there is one.
     pub fn open(dir: &Path, group: GroupId, bounds: Bounds) -> Result<ShardMachine, String> {
         std::fs::create_dir_all(dir).map_err(|e| format!("{}: {e}", dir.display()))?;
@@ -375,6 +390,7 @@ impl RaftStateMachine<TypeConfig> for ShardMachine {
         // Taken now, between applies, so the image matches `last_applied` exactly; encoded
         // by the build (a copy of the key table that shares its parts: microseconds).
         let pending = lock(&self.state).pending_image();
+        self.mark_log_bytes();
         let n = self.built.fetch_add(1, Ordering::Relaxed);
         let snapshot_id = match self.last_applied {
             Some(l) => format!("g{}-t{}-i{}-{n}", self.group, l.leader_id.term, l.index),
@@ -418,6 +434,7 @@ impl RaftStateMachine<TypeConfig> for ShardMachine {
             .await
             .map_err(snap_write)?;
         self.take_state(meta, state);
+        self.mark_log_bytes();
         self.info.installed.fetch_add(1, Ordering::Relaxed);
         Ok(())
     }

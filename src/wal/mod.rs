@@ -234,6 +234,11 @@ impl Batch {
         self.max_record_bytes as usize - PAYLOAD_HEADER
     }
 
+    /// Bytes of the records pushed so far, as the log will hold them (framing included).
+    pub fn bytes(&self) -> usize {
+        self.frames.len()
+    }
+
     /// Records pushed so far.
     pub fn len(&self) -> usize {
         self.records
