@@ -12,7 +12,7 @@ pub struct NodeConfig {
     pub http_addr: SocketAddr,
     /// Where the RESP (Redis protocol) API listens.
     pub resp_addr: SocketAddr,
-    /// The node's data directory (state persistence arrives with the cluster).
+    /// A cluster member's data directory (its Raft log, snapshots and identity records).
     pub data_dir: Option<PathBuf>,
     /// The policy file; `None` uses the built-in default policies.
     pub policies: Option<PathBuf>,
@@ -45,6 +45,9 @@ pub struct NodeConfig {
     pub shard_timeout: Duration,
     /// Cluster membership; `None` runs a single node that keeps state in memory.
     pub cluster: Option<ClusterSettings>,
+    /// The token the admin API's changes (`POST /v1/admin/reload`, `POST
+    /// /v1/admin/members`) need as `Authorization: Bearer <token>`; `None` leaves them open.
+    pub admin_token: Option<String>,
 }
 
 /// How this node takes part in a cluster.
@@ -181,6 +184,7 @@ impl Default for NodeConfig {
             decision_log_sample: 0.0,
             shard_timeout: Duration::from_millis(500),
             cluster: None,
+            admin_token: None,
         }
     }
 }
@@ -248,6 +252,11 @@ pub struct NodeOptions {
     /// Fraction of decisions logged, 0.0 to 1.0 [default: 0].
     #[arg(long, env = "QUORATE_LOG_SAMPLE")]
     pub log_sample: Option<f64>,
+    /// A token (at least 16 characters) that the admin API's changes, POST /v1/admin/reload
+    /// and POST /v1/admin/members, must carry as `Authorization: Bearer <token>`; without
+    /// it they are open to anyone who reaches the HTTP port [default: none].
+    #[arg(long, env = "QUORATE_ADMIN_TOKEN", hide_env_values = true)]
+    pub admin_token: Option<String>,
     /// This node's id in the cluster (a member of --peers). Without --peers the node runs
     /// alone, in memory.
     #[arg(long, env = "QUORATE_ID")]
@@ -414,6 +423,7 @@ impl NodeOptions {
             idempotency_horizon: self.idempotency_horizon.or(fallback.idempotency_horizon),
             eviction_interval: self.eviction_interval.or(fallback.eviction_interval),
             shard_timeout: self.shard_timeout.or(fallback.shard_timeout),
+            admin_token: self.admin_token.or(fallback.admin_token),
             log_sample: self.log_sample.or(fallback.log_sample),
             id: self.id.or(fallback.id),
             peers: self.peers.or(fallback.peers),
@@ -564,8 +574,14 @@ impl NodeOptions {
             Some(_) => CLUSTER_SHARDS,
             None => d.shards,
         };
+        if let Some(token) = &self.admin_token {
+            if token.chars().count() < 16 || token.chars().any(|c| c.is_control()) {
+                return Err("`admin_token` must be at least 16 characters, none of them control characters (e.g. `openssl rand -hex 32`)".into());
+            }
+        }
         Ok(NodeConfig {
             cluster,
+            admin_token: self.admin_token.clone(),
             http_addr: self.http_addr.unwrap_or(d.http_addr),
             resp_addr: self.resp_addr.unwrap_or(d.resp_addr),
             data_dir: self.data_dir.clone(),
@@ -644,6 +660,28 @@ mod tests {
         assert_eq!((c.shards, c.max_keys), (8, 100));
         assert_eq!(c.idle_timeout, Duration::from_secs(5));
         assert_eq!(c.max_key_len, NodeConfig::default().max_key_len);
+    }
+
+    #[test]
+    fn an_admin_token_is_long_enough_and_has_no_control_characters() {
+        let with = |token: &str| {
+            NodeOptions {
+                admin_token: Some(token.into()),
+                ..NodeOptions::default()
+            }
+            .to_config()
+        };
+        assert_eq!(
+            with("sixteen-chars-ok").unwrap().admin_token.as_deref(),
+            Some("sixteen-chars-ok")
+        );
+        for bad in ["short", "fifteen-chars-x", "sixteen-chars\r\nok"] {
+            assert!(with(bad).unwrap_err().contains("admin_token"), "{bad:?}");
+        }
+        assert_eq!(
+            NodeOptions::default().to_config().unwrap().admin_token,
+            None
+        );
     }
 
     #[test]

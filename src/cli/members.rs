@@ -22,6 +22,14 @@ pub struct MembersArgs {
     /// every shard (up to five write timeouts per shard) and votes in it.
     #[arg(long, default_value = "5m", value_parser = positive_duration, global = true)]
     pub wait: Duration,
+    /// The members' admin token (their --admin-token), sent as `Authorization: Bearer`.
+    #[arg(
+        long,
+        env = "QUORATE_ADMIN_TOKEN",
+        hide_env_values = true,
+        global = true
+    )]
+    pub admin_token: Option<String>,
 }
 
 #[derive(Debug, clap::Subcommand)]
@@ -70,6 +78,7 @@ pub fn run(args: MembersArgs) -> Result<String, String> {
         "/v1/admin/members",
         Some(&body(&args.change)),
         args.wait,
+        args.admin_token.as_deref(),
     )
     .map_err(|NoAnswer { why, maybe_acted }| {
         if maybe_acted {

@@ -21,7 +21,7 @@ pub struct StatusArgs {
 
 /// Fetches `path` from a node with a plain HTTP/1.1 GET (one request, connection closed).
 pub fn get(addr: SocketAddr, path: &str) -> Result<String, String> {
-    match request(addr, "GET", path, None, Duration::from_secs(5)).map_err(|e| e.why)? {
+    match request(addr, "GET", path, None, Duration::from_secs(5), None).map_err(|e| e.why)? {
         (200, body) => Ok(body),
         (code, body) => Err(format!(
             "node at {addr} answered {code}: {}",
@@ -49,6 +49,7 @@ pub fn request(
     path: &str,
     body: Option<&str>,
     wait: Duration,
+    token: Option<&str>,
 ) -> Result<(u16, String), NoAnswer> {
     let unreachable = |e: std::io::Error| NoAnswer {
         why: format!("cannot reach the node at {addr} ({e}); is it running? (--http-addr)"),
@@ -61,6 +62,9 @@ pub fn request(
     let mut s = TcpStream::connect_timeout(&addr, Duration::from_secs(3)).map_err(unreachable)?;
     s.set_read_timeout(Some(wait)).map_err(unreachable)?;
     let mut text = format!("{method} {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n");
+    if let Some(token) = token {
+        text += &format!("Authorization: Bearer {token}\r\n");
+    }
     if let Some(b) = body {
         text += &format!(
             "Content-Type: application/json\r\nContent-Length: {}\r\n",
@@ -220,7 +224,7 @@ mod tests {
     fn a_request_gives_the_answers_code_and_body_and_a_bad_answer_an_error() {
         let (addr, server) = serve_once("HTTP/1.1 400 Bad Request\r\n\r\n{\"error\":\"no\"}");
         let wait = Duration::from_secs(5);
-        let got = request(addr, "POST", "/v1/x", Some("{}"), wait).unwrap();
+        let got = request(addr, "POST", "/v1/x", Some("{}"), wait, None).unwrap();
         assert_eq!(got, (400, r#"{"error":"no"}"#.to_string()));
         let sent = server.join().unwrap();
         assert!(
@@ -235,7 +239,7 @@ mod tests {
         assert!(!sent.contains("Content-Length"), "{sent:?}");
         for bad in ["HTTP/1.1 2", "HTTP/1.1 xyz\r\n\r\n", "SMTP ready\r\n\r\n"] {
             let (addr, server) = serve_once(bad);
-            let e = request(addr, "GET", "/", None, wait).unwrap_err();
+            let e = request(addr, "GET", "/", None, wait, None).unwrap_err();
             assert!(
                 e.why.contains("malformed") && e.maybe_acted,
                 "{bad:?}: {e:?}"

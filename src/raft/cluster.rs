@@ -2395,15 +2395,16 @@ fn check_change(
 ///
 /// - A snapshot once the entries appended since the last one reach `snapshot_log_bytes`.
 /// - Behind a snapshot, openraft keeps up to 1,000 entries (for a follower a little behind
-///   to catch up by log): fewer when they would come to more than a quarter of
-///   `snapshot_log_bytes` at the entries' recent average size.
+///   to catch up by log; it purges in batches of 256, so up to about 1,250): fewer when they
+///   would come to more than a quarter of `snapshot_log_bytes` at the entries' recent
+///   average size, though on a leader never past what a follower still needs.
 ///
 /// Every replica decides for itself, as openraft's own policy does.
 async fn snapshot_loop(cluster: std::sync::Weak<Cluster>) {
     let mut tick = tokio::time::interval(Duration::from_secs(1));
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     // Per group: the (bytes, entries) appended as of the last tick, the entries' average
-    // size, and the snapshot index last purged behind.
+    // size, and the index last asked to be purged up to.
     let mut seen: BTreeMap<GroupId, ((u64, u64), u64, u64)> = BTreeMap::new();
     loop {
         tick.tick().await;
@@ -2412,7 +2413,7 @@ async fn snapshot_loop(cluster: std::sync::Weak<Cluster>) {
         for g in &c.groups {
             let appended = g.info.log_bytes.load(Ordering::Relaxed);
             let entries = g.info.log_entries.load(Ordering::Relaxed);
-            let ((bytes_then, entries_then), per_entry, purged) =
+            let ((bytes_then, entries_then), per_entry, asked) =
                 seen.entry(g.id).or_insert(((0, 0), 0, 0));
             if entries > *entries_then {
                 let sample = appended.saturating_sub(*bytes_then) / (entries - *entries_then);
@@ -2422,14 +2423,36 @@ async fn snapshot_loop(cluster: std::sync::Weak<Cluster>) {
                 };
             }
             (*bytes_then, *entries_then) = (appended, entries);
-            let durable = g.info.snapshot_durable.load(Ordering::Acquire);
-            if durable > *purged && *per_entry > 0 {
-                *purged = durable;
-                let keep = (c.config.snapshot_log_bytes / 4 / *per_entry).min(keep_most);
-                let upto = durable.saturating_sub(keep);
-                if keep < keep_most && upto > 0 && g.raft.trigger().purge_log(upto).await.is_err() {
-                    return;
+            // Behind the snapshot both the file (durable) and openraft (its metrics) know of,
+            // and on a leader no further than every follower holds: one catching up after
+            // a snapshot install needs the entries after it, and would otherwise need
+            // another snapshot (a member that is down holds the purge to openraft's own).
+            let upto = {
+                let m = g.raft.metrics();
+                let m = m.borrow();
+                let snapshot = m.snapshot.as_ref().map_or(0, |l| l.index);
+                let durable = g
+                    .info
+                    .snapshot_durable
+                    .load(Ordering::Acquire)
+                    .min(snapshot);
+                let keep = match *per_entry {
+                    0 => keep_most,
+                    size => (c.config.snapshot_log_bytes / 4 / size).min(keep_most),
+                };
+                let held = m
+                    .replication
+                    .as_ref()
+                    .and_then(|r| r.values().map(|l| l.as_ref().map_or(0, |l| l.index)).min());
+                if keep < keep_most {
+                    durable.saturating_sub(keep).min(held.unwrap_or(u64::MAX))
+                } else {
+                    0
                 }
+            };
+            if upto > *asked {
+                *asked = upto;
+                let _ = g.raft.trigger().purge_log(upto).await;
             }
             let since =
                 appended.saturating_sub(g.info.log_bytes_at_snapshot.load(Ordering::Relaxed));
@@ -2446,9 +2469,8 @@ async fn snapshot_loop(cluster: std::sync::Weak<Cluster>) {
                 bytes = since,
                 "log bytes since the last snapshot: taking one"
             );
-            if g.raft.trigger().snapshot().await.is_err() {
-                return;
-            }
+            // An error is a stopped group (its core failed): the others go on.
+            let _ = g.raft.trigger().snapshot().await;
         }
     }
 }

@@ -297,13 +297,25 @@ pub fn http_within(
     body: &str,
     wait: Duration,
 ) -> String {
+    http_with_headers(addr, method, path, "", body, wait)
+}
+
+/// [`http_within`] with more header lines (each ending in `\r\n`).
+pub fn http_with_headers(
+    addr: SocketAddr,
+    method: &str,
+    path: &str,
+    headers: &str,
+    body: &str,
+    wait: Duration,
+) -> String {
     let Ok(mut s) = TcpStream::connect_timeout(&addr, Duration::from_secs(2)) else {
         return String::new();
     };
     s.set_read_timeout(Some(wait)).unwrap();
     let _ = write!(
         s,
-        "{method} {path} HTTP/1.1\r\nHost: quorate\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+        "{method} {path} HTTP/1.1\r\nHost: quorate\r\n{headers}Content-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
         body.len()
     );
     let mut out = String::new();

@@ -11,7 +11,7 @@ use crate::service::{CheckRequest, Service};
 use axum::body::Body;
 use axum::extract::rejection::QueryRejection;
 use axum::extract::{Query, State};
-use axum::http::header::{CONTENT_TYPE, DATE};
+use axum::http::header::{AUTHORIZATION, CONTENT_TYPE, DATE, WWW_AUTHENTICATE};
 use axum::http::{HeaderMap, HeaderValue, Method, StatusCode, Uri};
 use axum::middleware::map_response_with_state;
 use axum::response::{IntoResponse, Response};
@@ -192,8 +192,43 @@ async fn status(
     }
 }
 
-async fn reload(State(st): State<AppState>) -> Response {
+/// The admin API's changes need the node's `--admin-token`, when it has one, as
+/// `Authorization: Bearer <token>`: a refusal (401, counted as `unauthorized`) otherwise.
+/// The token is compared by its SHA-256, in constant time: the time taken tells nothing of
+/// how much of it a guess got right, nor its length.
+fn admin_refusal(st: &AppState, headers: &HeaderMap, route: &str) -> Option<Response> {
+    use sha2::{Digest, Sha256};
+    let token = st.service.config().admin_token.as_deref()?;
+    let given = headers
+        .get(AUTHORIZATION)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.strip_prefix("Bearer "));
+    if let Some(given) = given {
+        let (a, b) = (
+            Sha256::digest(given.as_bytes()),
+            Sha256::digest(token.as_bytes()),
+        );
+        if a.iter().zip(b.iter()).fold(0u8, |d, (x, y)| d | (x ^ y)) == 0 {
+            return None;
+        }
+    }
+    let why = match given {
+        None => "this admin endpoint needs the node's admin token: send `Authorization: Bearer <token>` (the node's --admin-token, QUORATE_ADMIN_TOKEN; `quorate members` sends QUORATE_ADMIN_TOKEN)",
+        Some(_) => "the bearer token is not this node's admin token (--admin-token, QUORATE_ADMIN_TOKEN)",
+    };
+    let mut refused = Reject::new(StatusCode::UNAUTHORIZED, "unauthorized", why)
+        .respond(st.service.metrics(), route);
+    refused
+        .headers_mut()
+        .insert(WWW_AUTHENTICATE, HeaderValue::from_static("Bearer"));
+    Some(refused)
+}
+
+async fn reload(State(st): State<AppState>, headers: HeaderMap) -> Response {
     const ROUTE: &str = "/v1/admin/reload";
+    if let Some(refused) = admin_refusal(&st, &headers, ROUTE) {
+        return refused;
+    }
     let svc = st.service.clone();
     match tokio::task::spawn_blocking(move || svc.reload()).await {
         Ok(Ok(report)) => Json(report).into_response(),
@@ -227,6 +262,9 @@ async fn members(State(st): State<AppState>, headers: HeaderMap, body: Body) -> 
     struct Change {
         add: Option<Add>,
         remove: Option<Remove>,
+    }
+    if let Some(refused) = admin_refusal(&st, &headers, ROUTE) {
+        return refused;
     }
     let svc = &st.service;
     let cfg = svc.config();

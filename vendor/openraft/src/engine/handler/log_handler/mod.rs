@@ -63,7 +63,11 @@ where C: RaftTypeConfig
     #[tracing::instrument(level = "debug", skip_all)]
     pub(crate) fn schedule_policy_based_purge(&mut self) {
         if let Some(purge_upto) = self.calc_purge_upto() {
-            self.update_purge_upto(purge_upto);
+            // (quorate) An application's `Trigger::purge_log` may have scheduled a purge
+            // further than the policy's: it stands.
+            if self.state.purge_upto() < Some(&purge_upto) {
+                self.update_purge_upto(purge_upto);
+            }
         }
     }
 
