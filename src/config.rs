@@ -575,9 +575,7 @@ impl NodeOptions {
             None => d.shards,
         };
         if let Some(token) = &self.admin_token {
-            if token.chars().count() < 16 || token.chars().any(|c| c.is_control()) {
-                return Err("`admin_token` must be at least 16 characters, none of them control characters (e.g. `openssl rand -hex 32`)".into());
-            }
+            check_admin_token(token)?;
         }
         Ok(NodeConfig {
             cluster,
@@ -644,6 +642,16 @@ impl NodeOptions {
     }
 }
 
+/// An admin token as a node takes it (`--admin-token`) and a client sends it: at least 16
+/// characters, each visible ASCII (a header carries nothing else intact: spaces at its ends
+/// are trimmed, other bytes refused by HTTP libraries).
+pub fn check_admin_token(token: &str) -> Result<(), String> {
+    if token.len() < 16 || !token.bytes().all(|b| b.is_ascii_graphic()) {
+        return Err("`admin_token` must be at least 16 characters, each visible ASCII (no spaces or control characters), e.g. from `openssl rand -hex 32`".into());
+    }
+    Ok(())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -663,7 +671,7 @@ mod tests {
     }
 
     #[test]
-    fn an_admin_token_is_long_enough_and_has_no_control_characters() {
+    fn an_admin_token_is_long_enough_and_visible_ascii() {
         let with = |token: &str| {
             NodeOptions {
                 admin_token: Some(token.into()),
@@ -675,7 +683,13 @@ mod tests {
             with("sixteen-chars-ok").unwrap().admin_token.as_deref(),
             Some("sixteen-chars-ok")
         );
-        for bad in ["short", "fifteen-chars-x", "sixteen-chars\r\nok"] {
+        for bad in [
+            "short",
+            "fifteen-chars-x",
+            "sixteen-chars\r\nok",
+            "sixteen chars ok",
+            "sixteen-chars-\u{e9}\u{e9}",
+        ] {
             assert!(with(bad).unwrap_err().contains("admin_token"), "{bad:?}");
         }
         assert_eq!(

@@ -27,7 +27,8 @@ pub struct MembersArgs {
         long,
         env = "QUORATE_ADMIN_TOKEN",
         hide_env_values = true,
-        global = true
+        global = true,
+        value_parser = admin_token
     )]
     pub admin_token: Option<String>,
 }
@@ -48,6 +49,12 @@ pub enum Change {
         /// The member's id.
         id: u64,
     },
+}
+
+/// A token as a node takes it (`quorate::config::check_admin_token`): no other could
+/// match, and it goes into a header line.
+fn admin_token(text: &str) -> Result<String, String> {
+    quorate::config::check_admin_token(text).map(|()| text.to_string())
 }
 
 /// A duration above zero ("90s", "5m"): how long to wait.

@@ -2397,7 +2397,8 @@ fn check_change(
 /// - Behind a snapshot, openraft keeps up to 1,000 entries (for a follower a little behind
 ///   to catch up by log; it purges in batches of 256, so up to about 1,250): fewer when they
 ///   would come to more than a quarter of `snapshot_log_bytes` at the entries' recent
-///   average size, though on a leader never past what a follower still needs.
+///   average size; a leader keeps more for a follower behind, up to what all of
+///   `snapshot_log_bytes` holds.
 ///
 /// Every replica decides for itself, as openraft's own policy does.
 async fn snapshot_loop(cluster: std::sync::Weak<Cluster>) {
@@ -2424,9 +2425,10 @@ async fn snapshot_loop(cluster: std::sync::Weak<Cluster>) {
             }
             (*bytes_then, *entries_then) = (appended, entries);
             // Behind the snapshot both the file (durable) and openraft (its metrics) know of,
-            // and on a leader no further than every follower holds: one catching up after
-            // a snapshot install needs the entries after it, and would otherwise need
-            // another snapshot (a member that is down holds the purge to openraft's own).
+            // keeping what a quarter of `snapshot_log_bytes` holds; a leader keeps more for
+            // a follower behind that (one catching up after a snapshot install needs the
+            // entries after it, or it needs another snapshot), up to what all of
+            // `snapshot_log_bytes` holds, so a member that is down bounds nothing.
             let upto = {
                 let m = g.raft.metrics();
                 let m = m.borrow();
@@ -2436,16 +2438,21 @@ async fn snapshot_loop(cluster: std::sync::Weak<Cluster>) {
                     .snapshot_durable
                     .load(Ordering::Acquire)
                     .min(snapshot);
-                let keep = match *per_entry {
+                let entries_in = |bytes: u64| match *per_entry {
                     0 => keep_most,
-                    size => (c.config.snapshot_log_bytes / 4 / size).min(keep_most),
+                    size => (bytes / size).min(keep_most),
                 };
+                let keep = entries_in(c.config.snapshot_log_bytes / 4);
+                let keep_for_followers = entries_in(c.config.snapshot_log_bytes);
                 let held = m
                     .replication
                     .as_ref()
                     .and_then(|r| r.values().map(|l| l.as_ref().map_or(0, |l| l.index)).min());
+                let held = held.map_or(u64::MAX, |h| {
+                    h.max(durable.saturating_sub(keep_for_followers))
+                });
                 if keep < keep_most {
-                    durable.saturating_sub(keep).min(held.unwrap_or(u64::MAX))
+                    durable.saturating_sub(keep).min(held)
                 } else {
                     0
                 }

@@ -104,7 +104,9 @@ impl Cluster {
                     .map(|a| a.replace("{dir}", &m.dir.to_string_lossy())),
             )
             .env("QUORATE_CLUSTER_SECRET", SECRET)
-            .env("QUORATE_LOG", "warn,quorate=info");
+            .env("QUORATE_LOG", "warn,quorate=info")
+            // Not the developer's own, should it be exported: only a test's flag sets one.
+            .env_remove("QUORATE_ADMIN_TOKEN");
         command
     }
 

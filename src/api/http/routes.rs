@@ -202,7 +202,9 @@ fn admin_refusal(st: &AppState, headers: &HeaderMap, route: &str) -> Option<Resp
     let given = headers
         .get(AUTHORIZATION)
         .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.strip_prefix("Bearer "));
+        .and_then(|v| v.split_once(' '))
+        .filter(|(scheme, _)| scheme.eq_ignore_ascii_case("bearer"))
+        .map(|(_, token)| token.trim());
     if let Some(given) = given {
         let (a, b) = (
             Sha256::digest(given.as_bytes()),
