@@ -252,7 +252,7 @@ pub struct NodeOptions {
     /// Fraction of decisions logged, 0.0 to 1.0 [default: 0].
     #[arg(long, env = "QUORATE_LOG_SAMPLE")]
     pub log_sample: Option<f64>,
-    /// A token (at least 16 characters) that the admin API's changes, POST /v1/admin/reload
+    /// A token (at least 16 visible ASCII characters) that the admin API's changes, POST /v1/admin/reload
     /// and POST /v1/admin/members, must carry as `Authorization: Bearer <token>`; without
     /// it they are open to anyone who reaches the HTTP port [default: none].
     #[arg(long, env = "QUORATE_ADMIN_TOKEN", hide_env_values = true)]

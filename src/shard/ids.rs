@@ -32,11 +32,11 @@ pub struct IdTable<K, V> {
 }
 
 /// The queue of an [`IdTable`]: entries numbered from 0 as they were inserted, the live ones
-/// `front .. next`. Entry `n` is at `chunks[n / CHUNK - first_chunk][n % CHUNK]`.
+/// `front .. next`. Entry `n` is at `chunks[n / CHUNK - front / CHUNK][n % CHUNK]`: the
+/// first chunk is dropped once `front` leaves it.
 #[derive(Debug, Clone)]
 pub struct Entries<K, V> {
     chunks: VecDeque<Chunk<K, V>>,
-    first_chunk: u64,
     front: u64,
     next: u64,
 }
@@ -47,7 +47,6 @@ impl<K, V> Default for IdTable<K, V> {
             index: HashMap::default(),
             queue: Entries {
                 chunks: VecDeque::new(),
-                first_chunk: 0,
                 front: 0,
                 next: 0,
             },
@@ -58,7 +57,7 @@ impl<K, V> Default for IdTable<K, V> {
 impl<K, V> Entries<K, V> {
     fn place(&self, n: u64) -> (usize, usize) {
         (
-            (n / CHUNK as u64 - self.first_chunk) as usize,
+            (n / CHUNK as u64 - self.front / CHUNK as u64) as usize,
             (n % CHUNK as u64) as usize,
         )
     }
@@ -146,7 +145,6 @@ impl<K: std::hash::Hash + Eq + Copy, V: Clone> IdTable<K, V> {
         q.front += 1;
         if q.front % CHUNK as u64 == 0 {
             q.chunks.pop_front();
-            q.first_chunk += 1;
         }
     }
 
