@@ -14,7 +14,7 @@ use crate::raft::rpc::{CallError, Transport};
 use crate::raft::{GroupId, NodeId};
 use crate::service::Service;
 use crate::shard::route::Sharding;
-use crate::wal::WalOptions;
+use crate::wal::{DirLock, WalOptions};
 use futures::future::BoxFuture;
 use std::future::Future;
 use std::io;
@@ -282,11 +282,13 @@ pub async fn start<P: Listener, C: Connector>(
     let dir = data_dir.clone();
     let fresh = derive_number(&seed, b"data-id");
     let io_on_runtime = settings.hooks.io_on_runtime;
-    let identities = blocking_io(io_on_runtime, move || {
+    let (lock, identities) = blocking_io(io_on_runtime, move || {
+        // First: nothing below may read or write a directory another process is using.
+        let lock = DirLock::acquire(&dir)?;
         check_log_format(&dir)?;
         check_shard_count(&dir, shards)?;
         check_sharding(&dir, sharding)?;
-        Identities::load(&dir, fresh, io_on_runtime)
+        Ok((lock, Identities::load(&dir, fresh, io_on_runtime)?))
     })
     .await?;
     let wal_dir = data_dir.join("wal");
@@ -346,6 +348,7 @@ pub async fn start<P: Listener, C: Connector>(
     cluster_config.snapshot_log_bytes = settings.snapshot_log_bytes;
     cluster_config.hooks = settings.hooks.clone();
     cluster_config.refuse_requests = settings.refuse_requests.clone();
+    cluster_config.data_lock = Some(Arc::new(lock));
     // The low 8 bytes, as this was before `derive_number`: the same incarnations.
     cluster_config.incarnation = derive_number(&seed, b"incarnation") as u64;
     let bounds = Service::bounds(&config);

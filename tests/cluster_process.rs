@@ -178,6 +178,58 @@ async fn every_node_answers_and_the_limit_holds_across_them() {
     );
 }
 
+/// A second `quorate node` on a running member's data directory (its own ports) is refused
+/// before it reads or writes anything there, and says why; the member serves on, its data id
+/// unchanged.
+#[test]
+fn a_second_process_on_a_members_data_directory_is_refused() {
+    let cluster = Cluster::start(3, &policies(), &[]);
+    let m = &cluster.members[0];
+    let data_id = m.dir.join("data-id");
+    let id_before = std::fs::read_to_string(&data_id).unwrap();
+    let peers = cluster
+        .members
+        .iter()
+        .map(|m| format!("{}={}", m.id, m.peer))
+        .collect::<Vec<_>>()
+        .join(",");
+    let mut second = std::process::Command::new(env!("CARGO_BIN_EXE_quorate"))
+        .arg("node")
+        .args(["--id", "1", "--peers", &peers])
+        .args(["--peer-addr", "127.0.0.1:0"])
+        .args(["--http-addr", "127.0.0.1:0", "--resp-addr", "127.0.0.1:0"])
+        .arg("--data-dir")
+        .arg(&m.dir)
+        .env("QUORATE_CLUSTER_SECRET", cluster_support::SECRET)
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let start = Instant::now();
+    let status = loop {
+        if let Some(status) = second.try_wait().unwrap() {
+            break status;
+        }
+        if start.elapsed() > Duration::from_secs(15) {
+            let _ = second.kill();
+            let _ = second.wait();
+            panic!("a second process ran for 15 s on a member's data directory");
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    let mut stderr = String::new();
+    std::io::Read::read_to_string(&mut second.stderr.take().unwrap(), &mut stderr).unwrap();
+    assert!(!status.success(), "{status}: {stderr}");
+    assert!(
+        stderr.contains("is in use by another quorate process")
+            && stderr.contains(&format!("(pid {})", m.child.as_ref().unwrap().id())),
+        "{stderr}"
+    );
+    assert_eq!(std::fs::read_to_string(&data_id).unwrap(), id_before);
+    cluster.wait_ready(Duration::from_secs(10));
+    assert!(cluster.leaders(0).iter().all(Option::is_some));
+}
+
 /// Load over 48 keys: acknowledged and unknown outcomes per key.
 struct Load {
     acked: Mutex<BTreeMap<String, u64>>,

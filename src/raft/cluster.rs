@@ -117,6 +117,8 @@ pub struct ClusterConfig {
     /// (the entries' [`Batch::epoch`]) that a restart leading the same term again does not
     /// share (openraft keeps a committed vote across a restart).
     pub incarnation: u64,
+    /// The data directory's lock (the member's), held as long as the cluster runs.
+    pub data_lock: Option<Arc<crate::wal::DirLock>>,
 }
 
 impl ClusterConfig {
@@ -145,6 +147,7 @@ impl ClusterConfig {
             hooks: Default::default(),
             refuse_requests: Vec::new(),
             incarnation: 0,
+            data_lock: None,
         }
     }
 

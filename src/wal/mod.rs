@@ -67,9 +67,11 @@
 //! changes nothing), so this is harmless, and each group's checkpoint is still a prefix of that
 //! group's records that includes everything written. Across groups no order is kept or needed.
 //!
-//! Not done: no lock against two processes opening the same directory; compaction stalls
-//! appends while it writes (a checkpoint of the live state, normally small next to 64 MiB).
+//! A member holds its data directory with a [`DirLock`] (taken before the WAL opens), so two
+//! processes never append to one WAL. Not done: compaction stalls appends while it writes (a
+//! checkpoint of the live state, normally small next to 64 MiB).
 
+mod lock;
 pub mod record;
 pub mod recover;
 mod segment;
@@ -86,6 +88,7 @@ use std::thread::JoinHandle;
 
 use tokio::sync::{mpsc, oneshot, OwnedSemaphorePermit, Semaphore};
 
+pub use lock::{DirLock, LOCK_FILE};
 pub use record::Record;
 use record::{encode_into, payload_len, FRAME_HEADER, PAYLOAD_HEADER};
 pub use segment::segment_name;
