@@ -277,6 +277,9 @@ struct ClusterArgs {
     /// Negative control: the WAL acknowledges before syncing and a crash loses its writes.
     #[arg(long, hide = true)]
     unsafe_skip_fsync: bool,
+    /// Negative control: the Raft log stores report votes saved without writing them.
+    #[arg(long, hide = true)]
+    unsafe_forget_votes: bool,
 }
 
 #[derive(Debug, Args)]
@@ -495,6 +498,7 @@ fn sim_cluster(a: ClusterArgs) -> Result<(), CliError> {
             apply_local_clock: a.unsafe_apply_local_clock,
             answer_before_commit: a.unsafe_answer_before_commit,
             skip_fsync: a.unsafe_skip_fsync,
+            forget_votes: a.unsafe_forget_votes,
         },
         ..Options::default()
     };

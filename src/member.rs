@@ -313,6 +313,9 @@ pub async fn start<P: Listener, C: Connector>(
     })
     .await?;
     log.set_unsafe_ack_before_durable(!settings.wal_sync);
+    if let Some(sink) = settings.hooks.vote.clone() {
+        log.watch_votes(settings.node_id, sink, settings.hooks.unsafe_forget_votes);
+    }
     let log_stats = log.wal().clone();
 
     let peer_config = peer_config(

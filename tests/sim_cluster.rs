@@ -1,7 +1,7 @@
 //! The deterministic simulation of the cluster (`quorate::sim::cluster`): a budgeted seed
 //! sweep under the full nemesis, named regression seeds, determinism, the clock-skew
-//! scenarios, and the negative controls (ignored: run them with
-//! `cargo test --test sim_cluster -- --ignored`; each must report violations).
+//! scenarios, and the negative controls (`negative_control_*`: each passes only if its broken
+//! switch is caught).
 //!
 //! A failing seed prints the command that reproduces it (`quorate sim cluster --seed N ...`).
 
@@ -555,7 +555,6 @@ fn first_violation(controls: Controls, first: u64, tries: u64) -> Option<Report>
 }
 
 #[test]
-#[ignore = "negative control: run with --ignored; must find violations"]
 fn negative_control_apply_reading_the_local_clock_is_caught() {
     let r = first_violation(
         Controls {
@@ -574,7 +573,6 @@ fn negative_control_apply_reading_the_local_clock_is_caught() {
 }
 
 #[test]
-#[ignore = "negative control: run with --ignored; must find violations"]
 fn negative_control_answering_strict_checks_before_commit_is_caught() {
     let r = first_violation(
         Controls {
@@ -592,12 +590,35 @@ fn negative_control_answering_strict_checks_before_commit_is_caught() {
     );
 }
 
+/// Votes reported saved but never written (`--unsafe-forget-votes`): a crashed node comes
+/// back without the votes it gave, which only `check_vote` sees (openraft's own checks and
+/// the other checkers pass such a run).
+#[test]
+fn negative_control_forgetting_votes_is_caught() {
+    let r = first_violation(
+        Controls {
+            forget_votes: true,
+            ..Controls::default()
+        },
+        1,
+        10,
+    )
+    .expect("forgotten votes went unnoticed in 10 seeds");
+    assert!(
+        r.violations
+            .iter()
+            .any(|v| v.contains("restarted with a vote") && v.contains("its vote went back")),
+        "seed {} failed for another reason: {:#?}",
+        r.seed,
+        r.violations
+    );
+}
+
 /// Skipping fsync (acknowledging WAL writes held in memory, lost when the node crashes) is
 /// caught by openraft itself before our checkers run: a leader sees a follower's log go back
 /// ("follower log reversion") and panics, which takes the simulation process down. So this
 /// control runs the CLI as a child process and expects it to fail.
 #[test]
-#[ignore = "negative control: run with --ignored; must find violations"]
 fn negative_control_skipping_fsync_is_caught() {
     for seed in 1..=10u64 {
         let out = std::process::Command::new(env!("CARGO_BIN_EXE_quorate"))

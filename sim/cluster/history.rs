@@ -376,6 +376,8 @@ pub struct History {
     pub retries: u64,
     /// Every `on_unavailable` answer any node gave, in the order given.
     pub fallbacks: Vec<FallbackRecord>,
+    /// Every vote the nodes' log stores saved or found at a start, as checked.
+    pub votes: super::check_vote::Votes,
 }
 
 /// Formats simulated nanoseconds as seconds with millisecond precision.

@@ -260,6 +260,16 @@ pub fn handles(
                             .push(FallbackRecord::of(f));
                     })
                 }),
+                vote: Some({
+                    let sink_history = history.clone();
+                    Arc::new(move |v| {
+                        sink_history
+                            .lock()
+                            .unwrap_or_else(|p| p.into_inner())
+                            .votes
+                            .record(super::workload::now(), v);
+                    })
+                }),
                 io_on_runtime: true,
                 forward_in_flight: Some(FORWARD_IN_FLIGHT),
                 unsafe_apply_local_clock: opts
@@ -267,6 +277,7 @@ pub fn handles(
                     .apply_local_clock
                     .then(|| clock.clone() as SharedClock),
                 unsafe_answer_before_commit: opts.controls.answer_before_commit,
+                unsafe_forget_votes: opts.controls.forget_votes,
             };
             let mut config = NodeConfig {
                 data_dir: Some(dir.0.join(format!("n{id}"))),

@@ -14,6 +14,7 @@
 //! - [`check_once`] — a request id is decided once, however often it is retried;
 //! - [`check_drift`] — in true time, strict limits over-admit no more than clock drift allows;
 //! - [`check_agree`] — replicas applied the same log and agree once healed;
+//! - [`check_vote`] — no node forgets or takes back a vote, and no leader stands on its own;
 //! - [`check_live`] — after healing, leaders everywhere and admissions within a bound;
 //! - determinism — the same seed gives a byte-identical trace ([`same_trace`]).
 //!
@@ -35,6 +36,7 @@ pub mod check_local;
 pub mod check_lost;
 pub mod check_once;
 pub mod check_strict;
+pub mod check_vote;
 pub mod history;
 pub mod hosts;
 pub mod membership;
@@ -66,6 +68,8 @@ pub struct Controls {
     pub answer_before_commit: bool,
     /// The WAL acknowledges before it syncs and keeps writes in memory (lost on a crash).
     pub skip_fsync: bool,
+    /// The Raft log stores report votes saved without writing them (lost on a crash).
+    pub forget_votes: bool,
 }
 
 impl Controls {
@@ -75,6 +79,7 @@ impl Controls {
             (self.apply_local_clock, "--unsafe-apply-local-clock"),
             (self.answer_before_commit, "--unsafe-answer-before-commit"),
             (self.skip_fsync, "--unsafe-skip-fsync"),
+            (self.forget_votes, "--unsafe-forget-votes"),
         ]
         .into_iter()
         .filter_map(|(on, flag)| on.then_some(flag))
@@ -280,6 +285,9 @@ pub struct Report {
     /// Snapshots the nodes received from a leader and installed (their last instances:
     /// counts before a crash are lost).
     pub snapshots_installed: u64,
+    /// Votes the nodes' log stores saved, and found on disk at their starts, all checked
+    /// by [`check_vote`].
+    pub votes: u64,
     /// Checks the nodes forwarded to a shard's leader, and the peer calls that carried
     /// them (`quorate_forwarded_checks_total`, `quorate_forward_calls_total`; their last
     /// instances): fewer calls than checks when callers waiting shared calls.
@@ -446,6 +454,7 @@ fn run_checked(opts: &Options) -> Report {
                 replaced: 0,
                 removed_refusals: 0,
                 snapshots_installed: 0,
+                votes: 0,
                 forwarded: 0,
                 forward_calls: 0,
                 fast_excess: 0,
@@ -877,6 +886,7 @@ fn run_checked(opts: &Options) -> Report {
     ops.kept = check_lost::kept(&history, &decisions, &refunded);
     violations.extend(check_lost::check(&history, &decisions, &refunded, &outside));
     violations.extend(check_once::check(&log));
+    violations.extend(check_vote::check(&history.votes));
     let (fast_excess, fast) = check_fast::check(
         &history,
         &log,
@@ -911,6 +921,7 @@ fn run_checked(opts: &Options) -> Report {
         replaced: u64::from(replaced),
         removed_refusals,
         snapshots_installed,
+        votes: history.votes.saved + history.votes.restored,
         forwarded,
         forward_calls,
         fast_excess,

@@ -36,6 +36,8 @@ pub struct SeedResult {
     #[serde(default)]
     pub snapshots_installed: u64,
     #[serde(default)]
+    pub votes: u64,
+    #[serde(default)]
     pub forwarded: u64,
     #[serde(default)]
     pub forward_calls: u64,
@@ -55,6 +57,7 @@ impl SeedResult {
             replaced: r.replaced,
             removed_refusals: r.removed_refusals,
             snapshots_installed: r.snapshots_installed,
+            votes: r.votes,
             forwarded: r.forwarded,
             forward_calls: r.forward_calls,
             fast_excess: r.fast_excess,
@@ -77,6 +80,8 @@ pub struct Sweep {
     pub removed_refusals: u64,
     /// Snapshots the nodes installed (see `Report::snapshots_installed`).
     pub snapshots_installed: u64,
+    /// Votes checked (see `Report::votes`).
+    pub votes: u64,
     /// Checks forwarded and the calls that carried them (see `Report::forwarded`).
     pub forwarded: u64,
     pub forward_calls: u64,
@@ -250,6 +255,7 @@ impl Sweep {
         self.replaced += r.replaced;
         self.removed_refusals += r.removed_refusals;
         self.snapshots_installed += r.snapshots_installed;
+        self.votes += r.votes;
         self.forwarded += r.forwarded;
         self.forward_calls += r.forward_calls;
         self.fast_excess += r.fast_excess;
@@ -332,6 +338,13 @@ impl Sweep {
                 t,
                 "snapshots received from a leader and installed: {}",
                 self.snapshots_installed
+            );
+        }
+        if self.votes > 0 {
+            let _ = writeln!(
+                t,
+                "votes saved by the nodes' Raft stores or found at their restarts, checked: {}",
+                self.votes
             );
         }
         if self.forwarded > 0 {

@@ -7,6 +7,9 @@
 //!   can resolve unknown client outcomes and compare replicas' applied logs.
 //! - `fallback` sees every check a node answers by its `on_unavailable` rule, so they can
 //!   tell those answers from the log's and bound what `local` admits.
+//! - `vote` sees every vote a node's log store saved (once durable) or found on disk at
+//!   start, so a run can check that no node's vote ever goes back (a restart included) and
+//!   that no leader stands on its own vote alone.
 //! - `handover` sees every handover of a leadership a node tried, so a run can say how many
 //!   it saw.
 //! - `forward_in_flight` lowers the calls with forwarded checks out to one peer past which
@@ -61,6 +64,22 @@ pub struct FallbackAnswer<'a> {
 /// Called for every `on_unavailable` answer, on the answering task: quick, never blocking.
 pub type FallbackSink = Arc<dyn Fn(&FallbackAnswer<'_>) + Send + Sync>;
 
+/// A vote a node's log store for one shard holds: saved (durable when this is reported) or,
+/// with `restored`, found on disk when the node started (term 0 and node 0: none found).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct VoteSaved {
+    pub node: NodeId,
+    pub group: GroupId,
+    pub term: u64,
+    /// The candidate voted for; with `committed`, the leader of `term`.
+    pub leader: NodeId,
+    pub committed: bool,
+    pub restored: bool,
+}
+
+/// Called for every vote a log store saved or restored, on its task: quick, never blocking.
+pub type VoteSink = Arc<dyn Fn(&VoteSaved) + Send + Sync>;
+
 /// Called when a node's handover of a shard's leadership has ended: (node, shard, to,
 /// whether the leadership moved). Quick, never blocking.
 pub type HandoverSink = Arc<dyn Fn(NodeId, GroupId, NodeId, bool) + Send + Sync>;
@@ -70,6 +89,7 @@ pub struct Hooks {
     pub applied: Option<AppliedSink>,
     pub fallback: Option<FallbackSink>,
     pub handover: Option<HandoverSink>,
+    pub vote: Option<VoteSink>,
     pub io_on_runtime: bool,
     /// Calls with forwarded checks out to one peer (strict or fast) past which callers
     /// wait and share the next, instead of `forward::MAX_IN_FLIGHT`.
@@ -80,6 +100,9 @@ pub struct Hooks {
     /// UNSAFE negative control: strict checks are answered from the leader's speculative
     /// state as soon as their entry is submitted, before it commits, lease or not.
     pub unsafe_answer_before_commit: bool,
+    /// UNSAFE negative control: a vote is reported saved without being written (a restart
+    /// finds the vote before it, unless a WAL compaction happened to copy it).
+    pub unsafe_forget_votes: bool,
 }
 
 impl std::fmt::Debug for Hooks {
@@ -88,6 +111,7 @@ impl std::fmt::Debug for Hooks {
             .field("applied", &self.applied.is_some())
             .field("fallback", &self.fallback.is_some())
             .field("handover", &self.handover.is_some())
+            .field("vote", &self.vote.is_some())
             .field("io_on_runtime", &self.io_on_runtime)
             .field("forward_in_flight", &self.forward_in_flight)
             .field(
@@ -98,6 +122,7 @@ impl std::fmt::Debug for Hooks {
                 "unsafe_answer_before_commit",
                 &self.unsafe_answer_before_commit,
             )
+            .field("unsafe_forget_votes", &self.unsafe_forget_votes)
             .finish()
     }
 }

@@ -88,6 +88,7 @@ use openraft::{ErrorSubject, ErrorVerb, LogId, OptionalSend, StorageError, Vote}
 use serde::de::DeserializeOwned;
 use serde::Serialize;
 
+use super::hooks::{VoteSaved, VoteSink};
 use super::state_machine::MachineInfo;
 use super::types::{GroupId, NodeId, TypeConfig};
 use crate::wal::{Batch, Durable, Record, Reserved, Wal, WalOptions};
@@ -252,6 +253,30 @@ pub struct NodeLog {
     wal: Wal,
     groups: Arc<Groups>,
     ack_before_durable: bool,
+    votes: Option<VoteWatch>,
+}
+
+/// The simulation's view of the votes a node's group logs save (`Hooks::vote`), and its
+/// negative control.
+#[derive(Clone)]
+struct VoteWatch {
+    node: NodeId,
+    sink: VoteSink,
+    /// UNSAFE: report votes saved without writing them.
+    forget: bool,
+}
+
+impl VoteWatch {
+    fn report(&self, group: GroupId, vote: &Vote<NodeId>, restored: bool) {
+        (self.sink)(&VoteSaved {
+            node: self.node,
+            group,
+            term: vote.leader_id.term,
+            leader: vote.leader_id.node_id,
+            committed: vote.committed,
+            restored,
+        });
+    }
 }
 
 impl NodeLog {
@@ -293,6 +318,7 @@ impl NodeLog {
                 wal,
                 groups,
                 ack_before_durable: false,
+                votes: None,
             },
             ids,
         ))
@@ -308,6 +334,7 @@ impl NodeLog {
             state,
             ack_before_durable: self.ack_before_durable,
             snapshot: None,
+            votes: self.votes.clone(),
         }
     }
 
@@ -330,6 +357,11 @@ impl NodeLog {
         }
         snapshot.log_bytes.fetch_add(held, Ordering::Relaxed);
         snapshot.log_entries.fetch_add(entries, Ordering::Relaxed);
+        if let Some(watch) = &log.votes {
+            // No vote on disk is reported as openraft's default vote (term 0), below any.
+            let vote = lock(&log.state).vote.unwrap_or_default();
+            watch.report(group, &vote, true);
+        }
         log
     }
 
@@ -355,6 +387,18 @@ impl NodeLog {
     pub fn set_unsafe_ack_before_durable(&mut self, on: bool) {
         self.ack_before_durable = on;
     }
+
+    /// For the simulation: group logs handed out afterwards report to `sink` every vote they
+    /// save (once durable) and, from [`NodeLog::group_after_snapshots`], the vote found on
+    /// disk. `unsafe_forget` (a negative control) reports votes saved without writing them.
+    #[doc(hidden)]
+    pub fn watch_votes(&mut self, node: NodeId, sink: VoteSink, unsafe_forget: bool) {
+        self.votes = Some(VoteWatch {
+            node,
+            sink,
+            forget: unsafe_forget,
+        });
+    }
 }
 
 /// Every group's live state as records, for the WAL's compaction.
@@ -377,6 +421,7 @@ pub struct GroupLog {
     wal: Wal,
     state: Shared,
     ack_before_durable: bool,
+    votes: Option<VoteWatch>,
     /// The group's state machine's info: the last index its snapshot file covers durably,
     /// which no purge passes, and the count of purges that would have. `None`: no check
     /// (tests of the store alone).
@@ -527,9 +572,18 @@ impl RaftLogStorage<TypeConfig> for GroupLog {
         let fail = |e| storage_error(ErrorSubject::Vote, ErrorVerb::Write, e);
         let batch = self.one_record(kind::VOTE, vote).map_err(fail)?;
         let vote = *vote;
+        if let Some(watch) = self.votes.as_ref().filter(|w| w.forget) {
+            lock(&self.state).vote = Some(vote);
+            watch.report(self.group, &vote, false);
+            return Ok(());
+        }
         self.write_synced(batch, |s| s.vote = Some(vote))
             .await
-            .map_err(fail)
+            .map_err(fail)?;
+        if let Some(watch) = &self.votes {
+            watch.report(self.group, &vote, false);
+        }
+        Ok(())
     }
 
     async fn read_vote(&mut self) -> StorageResult<Option<Vote<NodeId>>> {
