@@ -300,6 +300,7 @@ pub async fn start<P: Listener, C: Connector>(
         writer_on_runtime: settings.hooks.io_on_runtime,
         direct_io: settings.wal_direct_io,
         hold_while: settings.wal_hold_while.clone(),
+        dir_lock: Some(Arc::new(lock)),
         ..WalOptions::default()
     };
     if !settings.wal_sync {
@@ -351,7 +352,6 @@ pub async fn start<P: Listener, C: Connector>(
     cluster_config.snapshot_log_bytes = settings.snapshot_log_bytes;
     cluster_config.hooks = settings.hooks.clone();
     cluster_config.refuse_requests = settings.refuse_requests.clone();
-    cluster_config.data_lock = Some(Arc::new(lock));
     // The low 8 bytes, as this was before `derive_number`: the same incarnations.
     cluster_config.incarnation = derive_number(&seed, b"incarnation") as u64;
     let bounds = Service::bounds(&config);

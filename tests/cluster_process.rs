@@ -176,6 +176,52 @@ async fn every_node_answers_and_the_limit_holds_across_them() {
         bad.starts_with("HTTP/1.1 400") && bad.contains("digest=true"),
         "{bad}"
     );
+    for bad in ["lag=yes", "lag=true&lag=true", "lags=true"] {
+        let answer = http(&format!("/v1/admin/status?{bad}"));
+        assert!(
+            answer.starts_with("HTTP/1.1 400") && answer.contains("lag=true"),
+            "{bad}: {answer}"
+        );
+    }
+    // Every shard's lag, asked of node 1: from node 1 where it leads, else from the leader,
+    // with both followers in it; without `lag=true`, only the shards node 1 leads have it.
+    let body = |path: &str| -> serde_json::Value {
+        let answer = http(path);
+        serde_json::from_str(answer.split_once("\r\n\r\n").unwrap().1).unwrap()
+    };
+    let everywhere = body("/v1/admin/status?lag=true&digest=false");
+    let plain = body("/v1/admin/status");
+    let (mut asked, mut own) = (0, 0);
+    for (g, p) in everywhere["cluster"]["groups"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .zip(plain["cluster"]["groups"].as_array().unwrap())
+    {
+        let leader = g["leader"].as_u64().unwrap();
+        assert_eq!(g["lag_from"].as_u64(), Some(leader), "{g}");
+        let followers: Vec<u64> = g["lag"]
+            .as_object()
+            .unwrap()
+            .keys()
+            .map(|k| k.parse().unwrap())
+            .collect();
+        let expected: Vec<u64> = (1..=3).filter(|id| *id != leader).collect();
+        assert_eq!(followers, expected, "{g}");
+        if leader == 1 {
+            own += 1;
+        } else {
+            asked += 1;
+            assert!(
+                p["lag"].as_object().unwrap().is_empty() && p["lag_from"].is_null(),
+                "{p}"
+            );
+        }
+    }
+    assert!(
+        asked > 0 && own > 0,
+        "leaders spread: {asked} asked, {own} own"
+    );
 }
 
 /// A second `quorate node` on a running member's data directory (its own ports) is refused
@@ -2557,6 +2603,22 @@ fn quorate_dev_runs_three_members_that_status_shows_and_stops_them_all() {
             .filter(|l| l.contains("Leader") || l.contains("Follower"))
             .count(),
         SHARDS,
+        "{table}"
+    );
+    // Every shard's lag, the shards node 1 follows included: its two followers, `id:entries`.
+    let lags = |l: &str| {
+        l.split_whitespace()
+            .filter(|w| {
+                w.split_once(':')
+                    .is_some_and(|(a, b)| a.parse::<u64>().is_ok() && b.parse::<u64>().is_ok())
+            })
+            .count()
+    };
+    assert!(
+        table
+            .lines()
+            .filter(|l| l.contains("Leader") || l.contains("Follower"))
+            .all(|l| lags(l) == 2),
         "{table}"
     );
     // With `--digest`, each shard's digest of its state: 16 hex digits.

@@ -343,7 +343,7 @@ impl Sweep {
         if self.votes > 0 {
             let _ = writeln!(
                 t,
-                "votes saved by the nodes' Raft stores or found at their restarts, checked: {}",
+                "votes saved by the nodes' Raft stores or found on disk at their starts, checked: {}",
                 self.votes
             );
         }

@@ -1,4 +1,5 @@
-//! `quorate status`: every shard's leader, term, commit index and lag, as one node sees it.
+//! `quorate status`: every shard's leader, term, commit index and lag, as one node sees it
+//! (the lag of a shard it does not lead, as that shard's leader gives it).
 
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpStream};
@@ -101,10 +102,11 @@ fn first_line(body: &str) -> &str {
 }
 
 pub fn run(args: StatusArgs) -> Result<String, String> {
+    // Every shard's lag, from its leader (the node asks the other leaders).
     let path = if args.digest {
-        "/v1/admin/status?digest=true"
+        "/v1/admin/status?lag=true&digest=true"
     } else {
-        "/v1/admin/status"
+        "/v1/admin/status?lag=true"
     };
     let body = get(args.http_addr, path)?;
     if args.json {

@@ -117,8 +117,6 @@ pub struct ClusterConfig {
     /// (the entries' [`Batch::epoch`]) that a restart leading the same term again does not
     /// share (openraft keeps a committed vote across a restart).
     pub incarnation: u64,
-    /// The data directory's lock (the member's), held as long as the cluster runs.
-    pub data_lock: Option<Arc<crate::wal::DirLock>>,
 }
 
 impl ClusterConfig {
@@ -147,7 +145,6 @@ impl ClusterConfig {
             hooks: Default::default(),
             refuse_requests: Vec::new(),
             incarnation: 0,
-            data_lock: None,
         }
     }
 
@@ -293,8 +290,12 @@ pub struct GroupStatus {
     pub purged_index: u64,
     pub commit_index: u64,
     pub applied_index: u64,
-    /// Leader only: entries each follower is behind the leader's last log index.
+    /// Entries each follower is behind the leader's last log index, as the leader's
+    /// replication figures say (empty when not known).
     pub lag: BTreeMap<NodeId, u64>,
+    /// Whose figures `lag` holds: this node's when it leads the shard, else the leader's,
+    /// asked by [`Cluster::fill_lag`] (`None`: not asked, or it did not answer).
+    pub lag_from: Option<NodeId>,
     pub keys: u64,
     pub shard_time_ns: u64,
     pub snapshots: u64,
@@ -359,6 +360,9 @@ pub struct ClientNode {
     /// Its peer address's port (Redis's "cluster bus" port), 0 when not known.
     pub bus_port: u16,
 }
+
+/// Longest a status waits for a shard leader's lag figures (`Cluster::fill_lag`).
+const LAG_WAIT: Duration = Duration::from_secs(1);
 
 /// How long a member's RESP address is used before it is asked again.
 const RESP_ADDR_TTL: u64 = 10 * crate::limiter::SECOND;
@@ -1501,6 +1505,7 @@ impl Cluster {
                 PeerResponse::ForwardMany(answers)
             }
             PeerRequest::RespAddr => PeerResponse::RespAddr(self.resp_addr.get().copied()),
+            PeerRequest::Lag => PeerResponse::Lag(self.led_lag()),
             PeerRequest::Handover {
                 group: g,
                 vote,
@@ -1540,6 +1545,7 @@ impl Cluster {
                     .unwrap_or_default();
                 let removed = g.info.removed.load().iter().copied().collect();
                 let this_node_removed = g.removed.is_known();
+                let lag_from = m.replication.is_some().then_some(self.config.node_id);
                 GroupStatus {
                     shard: g.id,
                     state: format!("{:?}", m.state),
@@ -1554,6 +1560,7 @@ impl Cluster {
                     commit_index: m.last_applied.map_or(0, |l| l.index),
                     applied_index: g.info.applied.load(Ordering::Relaxed),
                     lag,
+                    lag_from,
                     keys: g.info.keys.load(Ordering::Relaxed),
                     shard_time_ns: g.info.time.load(Ordering::Relaxed),
                     snapshots: g.info.snapshots.load(Ordering::Relaxed),
@@ -1564,6 +1571,52 @@ impl Cluster {
                 }
             })
             .collect()
+    }
+
+    /// Each follower's lag in every group this node leads (a `PeerRequest::Lag`'s answer).
+    fn led_lag(&self) -> Vec<(GroupId, BTreeMap<NodeId, u64>)> {
+        self.status_with(false)
+            .into_iter()
+            .filter(|g| g.lag_from == Some(self.config.node_id))
+            .map(|g| (g.shard, g.lag))
+            .collect()
+    }
+
+    /// Fills in the lag of the shards in `groups` (this node's status) that another member
+    /// leads, asking each such leader once, all at once, for up to a second: a status shows
+    /// every shard's lag from whichever member is asked. A leader that does not answer (or
+    /// an older build, which refuses the request) leaves its shards' lag empty.
+    pub async fn fill_lag(&self, groups: &mut [GroupStatus]) {
+        let mut leaders: Vec<NodeId> = groups
+            .iter()
+            .filter(|g| g.lag_from.is_none())
+            .filter_map(|g| g.leader)
+            .filter(|l| *l != self.config.node_id)
+            .collect();
+        leaders.sort_unstable();
+        leaders.dedup();
+        let wait = self.config.forward_timeout.min(LAG_WAIT);
+        let asked = futures::future::join_all(leaders.into_iter().map(|leader| async move {
+            let answer = ask(&*self.transport, leader, &PeerRequest::Lag, wait).await;
+            (leader, answer)
+        }))
+        .await;
+        for (leader, answer) in asked {
+            let Ok(PeerResponse::Lag(led)) = answer else {
+                continue;
+            };
+            for (shard, lag) in led {
+                // Only where this node takes it for the leader too: figures of a leadership
+                // this node does not know of would sit beside the wrong leader.
+                if let Some(g) = groups
+                    .iter_mut()
+                    .find(|g| g.shard == shard && g.leader == Some(leader))
+                {
+                    g.lag = lag;
+                    g.lag_from = Some(leader);
+                }
+            }
+        }
     }
 
     /// Every group's applied index and state digest (`ShardState::digest`), for comparing

@@ -15,6 +15,7 @@ use openraft::raft::{
 };
 use openraft::{BasicNode, LogId, Vote};
 use serde::{Deserialize, Serialize};
+use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
@@ -78,6 +79,10 @@ pub enum PeerRequest {
         fast: bool,
         items: Vec<ForwardItem>,
     },
+    /// Each follower's lag in every group the receiver leads (`quorate status` asks each
+    /// shard's leader). Last, for the same reason: an older member refuses it, and the
+    /// asker shows no lag for those shards.
+    Lag,
 }
 
 /// One caller's forwarded checks in a [`PeerRequest::ForwardMany`].
@@ -156,6 +161,9 @@ pub enum PeerResponse {
     Removed,
     /// To a `ForwardMany`: each item's answer, in order.
     ForwardMany(Vec<ForwardAnswer>),
+    /// To a `Lag`: per group the answering node leads, each follower's entries behind its
+    /// last log index.
+    Lag(Vec<(GroupId, BTreeMap<NodeId, u64>)>),
 }
 
 /// Largest message body decoded (a snapshot chunk or a log batch).
@@ -544,6 +552,8 @@ mod tests {
         assert_eq!(encode(&many)[0], 8);
         assert_eq!(encode(&PeerResponse::Removed)[0], 8);
         assert_eq!(encode(&PeerResponse::ForwardMany(Vec::new()))[0], 9);
+        assert_eq!(encode(&PeerRequest::Lag)[0], 9);
+        assert_eq!(encode(&PeerResponse::Lag(Vec::new()))[0], 10);
         let bytes = encode(&within);
         assert!(matches!(
             decode::<PeerRequest>(&bytes),
@@ -602,6 +612,7 @@ mod tests {
                 fast: false,
                 items: Vec::new(),
             },
+            PeerRequest::Lag,
         ];
         for r in &requests {
             let forwarded = matches!(

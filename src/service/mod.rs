@@ -786,6 +786,14 @@ impl Service {
         }
     }
 
+    /// Fills in, on a cluster member's status, the lag of the shards other members lead
+    /// (asking their leaders: see `Cluster::fill_lag`).
+    pub async fn fill_lag(&self, status: &mut NodeStatus) {
+        if let (Backend::Cluster(c), Some(cluster)) = (&self.inner.shards, &mut status.cluster) {
+            c.fill_lag(&mut cluster.groups).await;
+        }
+    }
+
     pub fn metrics(&self) -> &Metrics {
         &self.inner.metrics
     }

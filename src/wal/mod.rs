@@ -139,6 +139,9 @@ pub struct WalOptions {
     /// what a node does while its appends are not durable (`--test-hold-wal-while`). A file
     /// that reads `fail` fails the batch instead (a failed disk: the log poisons itself).
     pub hold_while: Option<std::path::PathBuf>,
+    /// The data directory's lock ([`DirLock`]), held until the log is closed: after the
+    /// last handle is dropped and the writer has finished.
+    pub dir_lock: Option<Arc<DirLock>>,
 }
 
 impl Default for WalOptions {
@@ -154,6 +157,7 @@ impl Default for WalOptions {
             preallocate_bytes: 1 << 20,
             direct_io: true,
             hold_while: None,
+            dir_lock: None,
         }
     }
 }
@@ -333,6 +337,8 @@ struct Inner {
     max_record_bytes: u32,
     max_submission: usize,
     writer: Option<JoinHandle<()>>,
+    /// Dropped after `drop` has joined the writer.
+    _dir_lock: Option<Arc<DirLock>>,
 }
 
 impl Drop for Inner {
@@ -394,6 +400,7 @@ impl Wal {
             max_record_bytes: options.max_record_bytes,
             max_submission: options.max_submission(),
             writer,
+            _dir_lock: options.dir_lock.clone(),
         };
         Ok((
             Wal {

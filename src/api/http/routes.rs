@@ -152,27 +152,42 @@ async fn readyz(State(st): State<AppState>) -> Response {
 }
 
 /// `GET /v1/admin/status`; `?digest=true` adds each shard's state digest (a cost to the
-/// shards' applies: see `Service::status_with`).
+/// shards' applies: see `Service::status_with`), `?lag=true` the lag of the shards other
+/// members lead (asked of their leaders, up to a second: see `Cluster::fill_lag`).
 async fn status(
     State(st): State<AppState>,
     query: Result<Query<Vec<(String, String)>>, QueryRejection>,
 ) -> Response {
     const ROUTE: &str = "/v1/admin/status";
-    let digests = match query.as_ref().map(|q| q.0.as_slice()) {
-        Ok([]) => false,
-        Ok([(name, value)]) if name == "digest" && (value == "true" || value == "false") => {
-            value == "true"
-        }
-        _ => {
-            return Reject::bad(
-                "bad_query",
-                "the only parameter is digest=true (each shard's state digest) or digest=false",
-            )
-            .respond(st.service.metrics(), ROUTE)
-        }
+    let bad = |why: String| Reject::bad("bad_query", why).respond(st.service.metrics(), ROUTE);
+    const PARAMETERS: &str = "the parameters are digest=true (each shard's state digest) and \
+                              lag=true (every shard's lag, from its leader), each at most once";
+    let Ok(Query(pairs)) = &query else {
+        return bad(PARAMETERS.into());
     };
-    if !digests {
-        return Json(st.service.status()).into_response();
+    let (mut digests, mut lags) = (None, None);
+    for (name, value) in pairs {
+        let slot = match name.as_str() {
+            "digest" => &mut digests,
+            "lag" => &mut lags,
+            _ => return bad(PARAMETERS.into()),
+        };
+        let flag = match value.as_str() {
+            "true" => true,
+            "false" => false,
+            _ => return bad(format!("{name}={value:?}: {PARAMETERS}")),
+        };
+        if slot.replace(flag).is_some() {
+            return bad(PARAMETERS.into());
+        }
+    }
+    let lags = lags == Some(true);
+    if digests != Some(true) {
+        let mut status = st.service.status();
+        if lags {
+            st.service.fill_lag(&mut status).await;
+        }
+        return Json(status).into_response();
     }
     // Each shard's digest holds its applies while it is computed: one request at a time,
     // off the runtime's workers.
@@ -182,7 +197,12 @@ async fn status(
     };
     let svc = st.service.clone();
     match tokio::task::spawn_blocking(move || svc.status_with(true)).await {
-        Ok(status) => Json(status).into_response(),
+        Ok(mut status) => {
+            if lags {
+                st.service.fill_lag(&mut status).await;
+            }
+            Json(status).into_response()
+        }
         Err(e) => Reject::new(
             StatusCode::INTERNAL_SERVER_ERROR,
             "status_failed",
