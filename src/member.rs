@@ -386,6 +386,7 @@ pub async fn start<P: Listener, C: Connector>(
             let (appends, syncs) = wal.stats();
             metrics_task.wal_appends.set(appends as i64);
             metrics_task.wal_syncs.set(syncs as i64);
+            metrics_task.wal_failed.set(wal.failed() as i64);
             cluster.publish_metrics();
         }
     });

@@ -78,6 +78,10 @@ pub struct Metrics {
     pub raft_entries_proposed: IntGaugeVec,
     /// Per shard, leader only: log entries the furthest follower is behind.
     pub raft_follower_lag: IntGaugeVec,
+    /// Storage failures: 1 once the member's WAL refused every append after a failed
+    /// write, and per shard 1 while its Raft group on this member is stopped by an error.
+    pub wal_failed: IntGauge,
+    pub raft_group_failed: IntGaugeVec,
 }
 
 impl Metrics {
@@ -241,6 +245,15 @@ impl Metrics {
             raft_follower_lag: gauge_vec(
                 "quorate_raft_follower_lag_entries",
                 "Leader only: entries the furthest follower is behind",
+                &["shard"],
+            ),
+            wal_failed: gauge(
+                "quorate_wal_failed",
+                "1 once this member's write-ahead log refused every append after a failed write (a failed disk: restart the member on a working one)",
+            ),
+            raft_group_failed: gauge_vec(
+                "quorate_raft_group_failed",
+                "1 while the shard's Raft group on this member is stopped by an error (a storage failure)",
                 &["shard"],
             ),
             registry,

@@ -765,6 +765,27 @@ async fn a_member_whose_disk_fails_says_so_and_the_others_serve_its_shard() {
     );
     let ready = blocking(|| cluster_support::http(http, "GET", "/readyz", ""));
     assert!(ready.contains(" 503 "), "and ready: {ready}");
+    // And its metrics (refreshed every second), for an alert.
+    let wanted = [
+        "quorate_wal_failed 1".to_string(),
+        format!(
+            "quorate_raft_group_failed{{shard=\"{}\"}} 1",
+            shard(limit, key)
+        ),
+    ];
+    // Whole lines: a help text may hold the same words.
+    let has = |m: &str, w: &str| m.lines().any(|l| l.trim_end() == w);
+    let started = Instant::now();
+    let metrics = loop {
+        let m = blocking(|| cluster_support::http(http, "GET", "/metrics", ""));
+        if wanted.iter().all(|w| has(&m, w)) || started.elapsed() > Duration::from_secs(10) {
+            break m;
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    };
+    for w in &wanted {
+        assert!(has(&metrics, w), "no {w} in the metrics");
+    }
     // The others serve the shard: a strict admission through another member.
     let other = client(cluster.members[(leader + 1) % 3].resp);
     let started = Instant::now();

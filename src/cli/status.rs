@@ -104,11 +104,35 @@ fn first_line(body: &str) -> &str {
 pub fn run(args: StatusArgs) -> Result<String, String> {
     // Every shard's lag, from its leader (the node asks the other leaders).
     let path = if args.digest {
-        "/v1/admin/status?lag=true&digest=true"
+        "/v1/admin/status?digest=true"
     } else {
-        "/v1/admin/status?lag=true"
+        "/v1/admin/status"
     };
-    let body = get(args.http_addr, path)?;
+    let with_lag = format!("{path}{}lag=true", if args.digest { "&" } else { "?" });
+    let ask = |path: &str| {
+        request(
+            args.http_addr,
+            "GET",
+            path,
+            None,
+            Duration::from_secs(5),
+            None,
+        )
+        .map_err(|e| e.why)
+    };
+    let (mut code, mut body) = ask(&with_lag)?;
+    // A member of an older build knows no `lag` (400 `bad_query`): its status without it,
+    // every shard's lag then on its leader's only (a rolling upgrade asks old members too).
+    if code == 400 && body.contains("bad_query") {
+        (code, body) = ask(path)?;
+    }
+    if code != 200 {
+        return Err(format!(
+            "node at {} answered {code}: {}",
+            args.http_addr,
+            first_line(&body)
+        ));
+    }
     if args.json {
         return Ok(body);
     }
@@ -193,33 +217,90 @@ mod tests {
 
     /// A one-shot server on loopback: reads the request, answers `answer`, closes.
     fn serve_once(answer: &'static str) -> (SocketAddr, std::thread::JoinHandle<String>) {
+        let (addr, server) = serve(vec![answer]);
+        (
+            addr,
+            std::thread::spawn(move || server.join().unwrap().remove(0)),
+        )
+    }
+
+    /// A server on loopback that takes one connection per answer, in turn: reads its
+    /// request, answers, closes; gives the requests.
+    fn serve(answers: Vec<&'static str>) -> (SocketAddr, std::thread::JoinHandle<Vec<String>>) {
         // The CLI is not node code (it runs outside the simulation): real sockets allowed.
         let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap(); // allowed
         let addr = listener.local_addr().unwrap();
         let server = std::thread::spawn(move || {
-            let (mut s, _) = listener.accept().unwrap();
-            // The whole request (head, then Content-Length bytes): closing with some of it
-            // unread would reset the connection.
-            let mut request = Vec::new();
-            let mut buf = [0; 4096];
-            loop {
-                let n = s.read(&mut buf).unwrap();
-                request.extend_from_slice(&buf[..n]);
-                let text = String::from_utf8_lossy(&request).into_owned();
-                if let Some((head, body)) = text.split_once("\r\n\r\n") {
-                    let length = head
-                        .lines()
-                        .find_map(|l| l.strip_prefix("Content-Length: "))
-                        .map_or(0, |n| n.parse().unwrap());
-                    if body.len() >= length {
-                        s.write_all(answer.as_bytes()).unwrap();
-                        return text;
-                    }
-                }
-                assert!(n > 0, "the request ended early: {text:?}");
-            }
+            answers
+                .into_iter()
+                .map(|answer| answer_one(&listener, answer))
+                .collect()
         });
         (addr, server)
+    }
+
+    fn answer_one(listener: &std::net::TcpListener, answer: &str) -> String {
+        let (mut s, _) = listener.accept().unwrap();
+        // The whole request (head, then Content-Length bytes): closing with some of it
+        // unread would reset the connection.
+        let mut request = Vec::new();
+        let mut buf = [0; 4096];
+        loop {
+            let n = s.read(&mut buf).unwrap();
+            request.extend_from_slice(&buf[..n]);
+            let text = String::from_utf8_lossy(&request).into_owned();
+            if let Some((head, body)) = text.split_once("\r\n\r\n") {
+                let length = head
+                    .lines()
+                    .find_map(|l| l.strip_prefix("Content-Length: "))
+                    .map_or(0, |n| n.parse().unwrap());
+                if body.len() >= length {
+                    s.write_all(answer.as_bytes()).unwrap();
+                    return text;
+                }
+            }
+            assert!(n > 0, "the request ended early: {text:?}");
+        }
+    }
+
+    /// `quorate status` asks for every shard's lag; a member of an older build refuses the
+    /// parameter (400 `bad_query`), and is asked again without it.
+    #[test]
+    fn status_asks_for_every_lag_and_again_without_it_of_an_older_member() {
+        let status = "HTTP/1.1 200 OK\r\n\r\n{\"cluster\": {\"node_id\": 2, \"groups\": []}}";
+        let args = |addr| StatusArgs {
+            http_addr: addr,
+            json: false,
+            digest: false,
+        };
+        let (addr, server) = serve(vec![status]);
+        assert!(run(args(addr)).unwrap().starts_with("as seen by node 2"));
+        let sent = server.join().unwrap();
+        assert!(
+            sent[0].starts_with("GET /v1/admin/status?lag=true HTTP/1.1"),
+            "{sent:?}"
+        );
+        let refused = "HTTP/1.1 400 Bad Request\r\n\r\n{\"error\":\"bad_query\"}";
+        let (addr, server) = serve(vec![refused, status]);
+        assert!(run(args(addr)).unwrap().starts_with("as seen by node 2"));
+        let sent = server.join().unwrap();
+        assert!(
+            sent[1].starts_with("GET /v1/admin/status HTTP/1.1"),
+            "{sent:?}"
+        );
+        let (addr, server) = serve(vec![refused, refused]);
+        let e = run(StatusArgs {
+            digest: true,
+            ..args(addr)
+        })
+        .unwrap_err();
+        assert!(e.contains("answered 400"), "{e}");
+        let sent = server.join().unwrap();
+        assert!(
+            sent[0].starts_with("GET /v1/admin/status?digest=true&lag=true ")
+                && sent[1].starts_with("GET /v1/admin/status?digest=true "),
+            "{sent:?}"
+        );
     }
 
     #[test]

@@ -337,6 +337,9 @@ pub struct Cluster {
     peer_resp: Mutex<std::collections::HashMap<NodeId, (Option<std::net::SocketAddr>, u64)>>,
     /// Held while members are asked for their RESP addresses: one round at a time.
     resp_asking: tokio::sync::Mutex<()>,
+    /// Held while leaders are asked for their lag (`fill_lag`): one round at a time, however
+    /// many status requests come.
+    lag_asking: tokio::sync::Mutex<()>,
     /// Sends forwarded checks, several callers' in one call (`super::forward`).
     forwarder: Arc<Forwarder>,
 }
@@ -511,6 +514,7 @@ impl Cluster {
             resp_addr: std::sync::OnceLock::new(),
             peer_resp: Mutex::default(),
             resp_asking: tokio::sync::Mutex::new(()),
+            lag_asking: tokio::sync::Mutex::new(()),
             forwarder,
         });
         for g in &cluster.groups {
@@ -1583,7 +1587,8 @@ impl Cluster {
     }
 
     /// Fills in the lag of the shards in `groups` (this node's status) that another member
-    /// leads, asking each such leader once, all at once, for up to a second: a status shows
+    /// leads, asking each such leader once, all at once, for up to a second (one round at a
+    /// time: concurrent statuses wait their turn, so a flood of them asks no more): a status shows
     /// every shard's lag from whichever member is asked. A leader that does not answer (or
     /// an older build, which refuses the request) leaves its shards' lag empty.
     pub async fn fill_lag(&self, groups: &mut [GroupStatus]) {
@@ -1596,6 +1601,7 @@ impl Cluster {
         leaders.sort_unstable();
         leaders.dedup();
         let wait = self.config.forward_timeout.min(LAG_WAIT);
+        let _one_round = self.lag_asking.lock().await;
         let asked = futures::future::join_all(leaders.into_iter().map(|leader| async move {
             let answer = ask(&*self.transport, leader, &PeerRequest::Lag, wait).await;
             (leader, answer)
@@ -1633,6 +1639,7 @@ impl Cluster {
 
     /// Copies every group's Raft state into the metrics (called every second).
     pub fn publish_metrics(&self) {
+        let failed: Vec<GroupId> = self.failed_groups().into_iter().map(|f| f.0).collect();
         for g in self.status_with(false) {
             let shard = g.shard.to_string();
             let l = [shard.as_str()];
@@ -1656,6 +1663,10 @@ impl Cluster {
                 .raft_follower_lag
                 .with_label_values(&l)
                 .set(g.lag.values().copied().max().unwrap_or(0) as i64);
+            self.metrics
+                .raft_group_failed
+                .with_label_values(&l)
+                .set(failed.contains(&g.shard) as i64);
             self.metrics.keys.with_label_values(&l).set(g.keys as i64);
         }
     }

@@ -191,8 +191,9 @@ pub fn decode<T: for<'de> Deserialize<'de>>(bytes: &[u8]) -> Result<T, String> {
 
 /// Whether an encoded [`PeerRequest`] is bulk to the peer transport
 /// ([`crate::peer::PeerConfig::is_bulk`]): forwarded client checks, as many at once as the
-/// clients send. A flood of them then cannot take the room of Raft's appends and votes (a
-/// follower that answers its leader's heartbeats `Busy` calls an election). By the variant's
+/// clients send, and a status's question for the lag (`PeerRequest::Lag`). A flood of them
+/// then cannot take the room of Raft's appends and votes (a follower that answers its
+/// leader's heartbeats `Busy` calls an election). By the variant's
 /// index, which bincode writes first, in one byte below 251 (pinned by a test). (A peer
 /// holding the secret could write it in a longer varint, which bincode reads too, and have
 /// its forwards taken for other requests: with the secret it can do worse.)
@@ -200,9 +201,9 @@ pub fn is_bulk(body: &[u8]) -> bool {
     body.first().is_some_and(|v| BULK_VARIANTS.contains(v))
 }
 
-/// The indexes of `PeerRequest::Forward`, `PeerRequest::ForwardWithin` and
+/// The indexes of `PeerRequest::Lag`, `PeerRequest::Forward`, `PeerRequest::ForwardWithin` and
 /// `PeerRequest::ForwardMany`.
-const BULK_VARIANTS: [u8; 3] = [4, 7, 8];
+const BULK_VARIANTS: [u8; 4] = [4, 7, 8, 9];
 
 /// Why a call to a peer failed.
 #[derive(Debug, Clone, thiserror::Error)]
@@ -620,6 +621,7 @@ mod tests {
                 PeerRequest::Forward { .. }
                     | PeerRequest::ForwardWithin { .. }
                     | PeerRequest::ForwardMany { .. }
+                    | PeerRequest::Lag
             );
             assert_eq!(is_bulk(&encode(r)), forwarded, "{r:?}");
         }

@@ -105,6 +105,8 @@ pub struct Stats {
     pub compactions: AtomicU64,
     /// Batches written with `O_DIRECT` (see [`Direct`]).
     pub direct_writes: AtomicU64,
+    /// The log poisoned itself after a failed write: it refuses every append from then on.
+    pub failed: std::sync::atomic::AtomicBool,
 }
 
 /// State the writer shares with the [`super::Wal`] handles.
@@ -446,6 +448,7 @@ impl Writer {
         if self.poisoned.is_none() {
             tracing::error!(error = %reason.1, "wal: write failed; the log refuses further appends");
             self.poisoned = Some(reason);
+            self.shared.stats.failed.store(true, Ordering::Relaxed);
         }
     }
 

@@ -192,11 +192,13 @@ async fn status(
     // Each shard's digest holds its applies while it is computed: one request at a time,
     // off the runtime's workers.
     static DIGESTS: tokio::sync::Semaphore = tokio::sync::Semaphore::const_new(1);
-    let Ok(_one) = DIGESTS.acquire().await else {
+    let Ok(one) = DIGESTS.acquire().await else {
         unreachable!("the semaphore is never closed")
     };
     let svc = st.service.clone();
-    match tokio::task::spawn_blocking(move || svc.status_with(true)).await {
+    let hashed = tokio::task::spawn_blocking(move || svc.status_with(true)).await;
+    drop(one);
+    match hashed {
         Ok(mut status) => {
             if lags {
                 st.service.fill_lag(&mut status).await;
