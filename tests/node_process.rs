@@ -21,6 +21,11 @@ impl Drop for NodeProcess {
 }
 
 fn start(policies: &std::path::Path) -> NodeProcess {
+    start_with(policies, &[], "warn", Stdio::null())
+}
+
+/// [`start`] with more flags, a log filter (`QUORATE_LOG`) and where its log goes.
+fn start_with(policies: &std::path::Path, extra: &[&str], log: &str, stderr: Stdio) -> NodeProcess {
     let mut child = Command::new(env!("CARGO_BIN_EXE_quorate"))
         .args([
             "node",
@@ -31,9 +36,10 @@ fn start(policies: &std::path::Path) -> NodeProcess {
         ])
         .arg("--policies")
         .arg(policies)
-        .env("QUORATE_LOG", "warn")
+        .args(extra)
+        .env("QUORATE_LOG", log)
         .stdout(Stdio::piped())
-        .stderr(Stdio::null())
+        .stderr(stderr)
         .spawn()
         .expect("quorate starts");
     let mut line = String::new();
@@ -164,4 +170,54 @@ fn a_bad_setting_is_refused_with_the_fix_and_exit_code_2() {
         .unwrap();
     assert_eq!(out.status.code(), Some(2));
     assert!(String::from_utf8_lossy(&out.stderr).contains("`shards` must be at least 1"));
+}
+
+/// `--log-sample 1` logs every decision, with whether a rule answered instead of the
+/// algorithm: here the key table's `on_full`, for a second key past `--max-keys 1`.
+#[test]
+fn sampled_decisions_are_logged_with_their_fallback() {
+    let dir = tempfile::tempdir().unwrap();
+    let policies = dir.path().join("quorate.toml");
+    std::fs::write(
+        &policies,
+        "[limits.t]\nalgorithm = \"fixed_window\"\nlimit = 5\nperiod = \"1h\"\n",
+    )
+    .unwrap();
+    let log_path = dir.path().join("node.log");
+    let log = std::fs::File::create(&log_path).unwrap();
+    let node = start_with(
+        &policies,
+        &["--shards", "1", "--max-keys", "1", "--log-sample", "1"],
+        "warn,quorate=info",
+        Stdio::from(log),
+    );
+    let first = resp(node.resp, &["QR.CHECK", "t", "a", "1"]);
+    let second = resp(node.resp, &["QR.CHECK", "t", "b", "1"]);
+    assert!(
+        first.starts_with("*") && second.starts_with("*"),
+        "{first} {second}"
+    );
+    let decisions = |text: &str| -> Vec<String> {
+        text.lines()
+            .filter(|l| l.contains(" decision ") || l.ends_with(" decision"))
+            .map(str::to_string)
+            .collect()
+    };
+    let started = std::time::Instant::now();
+    let lines = loop {
+        let lines = decisions(&std::fs::read_to_string(&log_path).unwrap());
+        if lines.len() >= 2 || started.elapsed() > Duration::from_secs(5) {
+            break lines;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    assert_eq!(lines.len(), 2, "{lines:#?}");
+    assert!(
+        lines[0].contains("allowed") && lines[0].contains("fallback=\"no\""),
+        "{lines:#?}"
+    );
+    assert!(
+        lines[1].contains("denied") && lines[1].contains("fallback=\"key_cap\""),
+        "{lines:#?}"
+    );
 }

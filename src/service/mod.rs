@@ -573,7 +573,7 @@ impl Service {
                 (Outcome::Never, _) => "never",
             };
             counted.count(&item.name, outcome);
-            self.log_sampled(item, &decision, outcome, started);
+            self.log_sampled(item, &decision, outcome, fallback, started);
             out.push(ItemDecision {
                 limit: std::mem::take(&mut item.name),
                 key: std::mem::take(&mut item.key),
@@ -629,13 +629,16 @@ impl Service {
         }
     }
 
-    /// One log line per sampled decision: key type, algorithm, decision, remaining, latency
-    /// and the status the HTTP API answers for it.
+    /// One log line per sampled decision: key type, algorithm, decision, remaining, latency,
+    /// the status the HTTP API answers for it, and whether a rule answered instead of the
+    /// algorithm (`fallback`: `key_cap`, the key table's `on_full`; `unavailable`, the
+    /// shard's `on_unavailable`; else `no`).
     fn log_sampled(
         &self,
         item: &Resolved,
         d: &crate::limiter::Decision,
         outcome: &str,
+        fallback: Fallback,
         started: crate::limiter::Nanos,
     ) {
         let rate = self.inner.config.decision_log_sample;
@@ -654,6 +657,7 @@ impl Service {
                 retry_after_ms = d.retry_after.div_ceil(1_000_000),
                 latency_us = self.inner.clock.monotonic().saturating_sub(started) / 1_000,
                 status = if d.allowed() || item.shadow { 200 } else { 429 },
+                fallback = fallback.name(),
                 "decision"
             );
         }

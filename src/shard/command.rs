@@ -189,6 +189,15 @@ impl Fallback {
     pub fn any(self) -> bool {
         self != Fallback::No
     }
+
+    /// Its name in the sampled decision log.
+    pub fn name(self) -> &'static str {
+        match self {
+            Fallback::No => "no",
+            Fallback::KeyCap => "key_cap",
+            Fallback::Unavailable => "unavailable",
+        }
+    }
 }
 
 /// bincode 2's standard configuration: varint integers, little endian.
