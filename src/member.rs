@@ -372,12 +372,22 @@ pub async fn start<P: Listener, C: Connector>(
     .await
     .map_err(io::Error::other)?;
 
-    // Metrics: the WAL's fsync economy and every group's Raft state, once a second.
+    let handled = cluster.clone();
+    let handler: crate::peer::Handler = Arc::new(move |from, body| {
+        let cluster = handled.clone();
+        Box::pin(async move { Ok(cluster.handle(from, &body).await) })
+    });
+    let peer_server = crate::peer::PeerServer::new(peer_config, handler, nonces);
+    let peer_stats = peer_server.stats();
+
+    // Metrics: the WAL's fsync economy, the peer server's connections and every group's
+    // Raft state, once a second.
     let wal = log_stats.clone();
     let watched = Arc::downgrade(&cluster);
     let metrics_task = metrics.clone();
     tokio::spawn(async move {
         let mut tick = tokio::time::interval(Duration::from_secs(1));
+        let mut peers = PeerCounts::default();
         loop {
             tick.tick().await;
             let Some(cluster) = watched.upgrade() else {
@@ -387,21 +397,11 @@ pub async fn start<P: Listener, C: Connector>(
             metrics_task.wal_appends.set(appends as i64);
             metrics_task.wal_syncs.set(syncs as i64);
             metrics_task.wal_failed.set(wal.failed() as i64);
+            peers.publish(&peer_stats, &metrics_task);
             cluster.publish_metrics();
         }
     });
-    let handled = cluster.clone();
-    let handler: crate::peer::Handler = Arc::new(move |from, body| {
-        let cluster = handled.clone();
-        Box::pin(async move { Ok(cluster.handle(from, &body).await) })
-    });
-    let server = tokio::spawn(crate::peer::serve(
-        peer,
-        peer_config,
-        handler,
-        nonces,
-        shutdown,
-    ));
+    let server = tokio::spawn(peer_server.serve(peer, shutdown));
     // The cluster bounds each shard's part of a call by `unavailable_after` and then answers
     // by `on_unavailable`; the service's own bound sits just above it.
     let timeout =
@@ -413,6 +413,39 @@ pub async fn start<P: Listener, C: Connector>(
         "cluster member started"
     );
     Ok((service, server))
+}
+
+/// The peer server's counters as last published: each publish adds what they gained since.
+#[derive(Default)]
+struct PeerCounts([u64; 6]);
+
+impl PeerCounts {
+    fn publish(&mut self, stats: &crate::peer::PeerStats, metrics: &Metrics) {
+        use crate::peer::PeerStats;
+        let now = [
+            PeerStats::get(&stats.authenticated),
+            PeerStats::get(&stats.handshake_failures),
+            PeerStats::get(&stats.handshakes_refused),
+            PeerStats::get(&stats.connections_rejected),
+            PeerStats::get(&stats.protocol_errors),
+            PeerStats::get(&stats.busy),
+        ];
+        const RESULTS: [&str; 5] = [
+            "authenticated",
+            "handshake_failed",
+            "refused_per_address",
+            "refused_max_connections",
+            "protocol_error",
+        ];
+        for (i, result) in RESULTS.iter().enumerate() {
+            metrics
+                .peer_connections
+                .with_label_values(&[result])
+                .inc_by(now[i].saturating_sub(self.0[i]));
+        }
+        metrics.peer_busy.inc_by(now[5].saturating_sub(self.0[5]));
+        self.0 = now;
+    }
 }
 
 /// The peer transport's settings of a member.

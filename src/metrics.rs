@@ -82,6 +82,11 @@ pub struct Metrics {
     /// write, and per shard 1 while its Raft group on this member is stopped by an error.
     pub wal_failed: IntGauge,
     pub raft_group_failed: IntGaugeVec,
+    /// Connections to this member's peer server, by how they ended up (see
+    /// `peer::PeerStats`), and peer requests answered `Busy` (too many at once on one
+    /// connection). Published every second.
+    pub peer_connections: IntCounterVec,
+    pub peer_busy: IntCounter,
 }
 
 impl Metrics {
@@ -255,6 +260,15 @@ impl Metrics {
                 "quorate_raft_group_failed",
                 "1 while the shard's Raft group on this member is stopped by an error (a storage failure)",
                 &["shard"],
+            ),
+            peer_connections: counter_vec(
+                "quorate_peer_connections_total",
+                "Connections to this member's peer port by result: authenticated, handshake_failed (wrong secret, unknown or own id, garbage, timeout), refused_per_address, refused_max_connections, protocol_error (closed after the handshake)",
+                &["result"],
+            ),
+            peer_busy: counter(
+                "quorate_peer_requests_busy_total",
+                "Peer requests answered Busy: too many at once on one connection",
             ),
             registry,
         }

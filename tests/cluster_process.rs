@@ -222,6 +222,31 @@ async fn every_node_answers_and_the_limit_holds_across_them() {
         asked > 0 && own > 0,
         "leaders spread: {asked} asked, {own} own"
     );
+    // A connection to the peer port without the secret fails the handshake, and the
+    // metrics (published every second) count it beside the peers' authenticated ones.
+    {
+        use std::io::{Read, Write};
+        let mut s = std::net::TcpStream::connect(cluster.members[0].peer).unwrap();
+        s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+        let _ = s.write_all(&[0x42; 64]);
+        let _ = s.read_to_end(&mut Vec::new());
+    }
+    let count = |m: &str, result: &str| -> u64 {
+        let label = format!("quorate_peer_connections_total{{result=\"{result}\"}} ");
+        m.lines()
+            .find_map(|l| l.strip_prefix(label.as_str()))
+            .map_or(0, |n| n.trim().parse().unwrap())
+    };
+    let started = Instant::now();
+    let metrics = loop {
+        let m = http("/metrics");
+        if count(&m, "handshake_failed") >= 1 || started.elapsed() > Duration::from_secs(10) {
+            break m;
+        }
+        std::thread::sleep(Duration::from_millis(200));
+    };
+    assert_eq!(count(&metrics, "handshake_failed"), 1, "{metrics}");
+    assert!(count(&metrics, "authenticated") >= 2, "{metrics}");
 }
 
 /// A second `quorate node` on a running member's data directory (its own ports) is refused
