@@ -343,7 +343,8 @@ pub struct NodeOptions {
     #[serde(skip)]
     pub test_hold_wal_while: Option<PathBuf>,
     /// TEST ONLY: refuse, unread, the peer requests of these variant indexes
-    /// (comma-separated; 7 is a forward with its deadline, 8 forwards in a batch), as a
+    /// (comma-separated; 7 is a forward with its deadline, 8 forwards in a batch, 9 a
+    /// status's question for the lag), as a
     /// member of a build from before them refuses what it cannot read: so a test can see
     /// its peers fall back to the requests it reads. A flag only, like the one above.
     #[arg(long, value_name = "INDEXES", hide = true)]
@@ -352,16 +353,17 @@ pub struct NodeOptions {
 }
 
 /// The variant indexes `--test-refuse-peer-requests` names: only those a build could be
-/// from before (`ForwardWithin` 7, `ForwardMany` 8), so the flag cannot stop a cluster.
+/// from before (`ForwardWithin` 7, `ForwardMany` 8, `Lag` 9), so the flag cannot stop a
+/// cluster.
 fn refused_requests(flag: Option<&str>) -> Result<Vec<u8>, String> {
     let Some(flag) = flag else {
         return Ok(Vec::new());
     };
     flag.split(',')
         .map(|v| match v.trim().parse::<u8>() {
-            Ok(i @ (7 | 8)) => Ok(i),
+            Ok(i @ (7..=9)) => Ok(i),
             _ => Err(format!(
-                "`--test-refuse-peer-requests` takes 7 and 8, comma-separated; not {v:?}"
+                "`--test-refuse-peer-requests` takes 7, 8 and 9, comma-separated; not {v:?}"
             )),
         })
         .collect()
@@ -769,11 +771,12 @@ mod tests {
         assert_eq!(refusing(None).unwrap(), Vec::<u8>::new());
         assert_eq!(refusing(Some("7, 8")).unwrap(), vec![7, 8]);
         assert_eq!(refusing(Some("8")).unwrap(), vec![8]);
+        assert_eq!(refusing(Some("9")).unwrap(), vec![9]);
         // Forward (4) and Raft's own requests every build reads: refusing them would stop
         // the cluster, not stand for an older build.
-        for bad in ["4", "7,1", "", "7,,8", "x", "256"] {
+        for bad in ["4", "7,1", "", "7,,8", "x", "256", "10"] {
             let e = refusing(Some(bad)).unwrap_err();
-            assert!(e.contains("takes 7 and 8"), "{bad}: {e}");
+            assert!(e.contains("takes 7, 8 and 9"), "{bad}: {e}");
         }
         // Not from a config file.
         let file = toml::from_str::<NodeOptions>("test_refuse_peer_requests = \"7\"");

@@ -1427,6 +1427,45 @@ async fn checks_forwarded_to_an_older_build_go_in_requests_it_reads() {
     );
 }
 
+/// Members of a build from before `PeerRequest::Lag` (emulated: every member refuses its
+/// variant, 9, unread) answer a status with `lag=true` all the same, at once: the shards
+/// member 1 leads with their lag, the others without (no `lag_from`).
+#[test]
+fn a_status_with_every_lag_from_members_of_an_older_build_leaves_theirs_empty() {
+    let cluster = Cluster::start(3, &policies(), &["--test-refuse-peer-requests", "9"]);
+    let started = Instant::now();
+    let answer = cluster_support::http(
+        cluster.members[0].http,
+        "GET",
+        "/v1/admin/status?lag=true",
+        "",
+    );
+    assert!(
+        started.elapsed() < Duration::from_secs(2),
+        "{:?}",
+        started.elapsed()
+    );
+    assert!(answer.starts_with("HTTP/1.1 200"), "{answer}");
+    let v: serde_json::Value =
+        serde_json::from_str(answer.split_once("\r\n\r\n").unwrap().1).unwrap();
+    let (mut own, mut others) = (0, 0);
+    for g in v["cluster"]["groups"].as_array().unwrap() {
+        if g["leader"].as_u64() == Some(1) {
+            own += 1;
+            assert_eq!(g["lag_from"].as_u64(), Some(1), "{g}");
+            assert_eq!(g["lag"].as_object().unwrap().len(), 2, "{g}");
+        } else {
+            others += 1;
+            assert!(g["lag_from"].is_null(), "{g}");
+            assert!(g["lag"].as_object().unwrap().is_empty(), "{g}");
+        }
+    }
+    assert!(
+        own > 0 && others > 0,
+        "{own} led by member 1, {others} by others"
+    );
+}
+
 /// What [`forward_burst`] saw.
 struct Burst {
     checks: usize,
