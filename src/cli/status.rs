@@ -215,6 +215,9 @@ pub fn render(v: &serde_json::Value) -> String {
 mod tests {
     use super::*;
 
+    // The CLI is not node code (it runs outside the simulation): real sockets allowed.
+    type Listener = std::net::TcpListener; // allowed
+
     /// A one-shot server on loopback: reads the request, answers `answer`, closes.
     fn serve_once(answer: &'static str) -> (SocketAddr, std::thread::JoinHandle<String>) {
         let (addr, server) = serve(vec![answer]);
@@ -227,8 +230,7 @@ mod tests {
     /// A server on loopback that takes one connection per answer, in turn: reads its
     /// request, answers, closes; gives the requests.
     fn serve(answers: Vec<&'static str>) -> (SocketAddr, std::thread::JoinHandle<Vec<String>>) {
-        // The CLI is not node code (it runs outside the simulation): real sockets allowed.
-        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap(); // allowed
+        let listener = Listener::bind("127.0.0.1:0").unwrap();
         let addr = listener.local_addr().unwrap();
         let server = std::thread::spawn(move || {
             answers
@@ -239,7 +241,8 @@ mod tests {
         (addr, server)
     }
 
-    fn answer_one(listener: &std::net::TcpListener, answer: &str) -> String {
+    /// Takes one connection of `listener` (a test server's, as in [`serve`]) and answers it.
+    fn answer_one(listener: &Listener, answer: &str) -> String {
         let (mut s, _) = listener.accept().unwrap();
         // The whole request (head, then Content-Length bytes): closing with some of it
         // unread would reset the connection.
