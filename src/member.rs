@@ -314,6 +314,7 @@ pub async fn start<P: Listener, C: Connector>(
     })
     .await?;
     log.set_unsafe_ack_before_durable(!settings.wal_sync);
+    log.set_node(settings.node_id);
     if let Some(sink) = settings.hooks.vote.clone() {
         log.watch_votes(settings.node_id, sink, settings.hooks.unsafe_forget_votes);
     }

@@ -223,7 +223,15 @@ async fn every_node_answers_and_the_limit_holds_across_them() {
         "leaders spread: {asked} asked, {own} own"
     );
     // A connection to the peer port without the secret fails the handshake, and the
-    // metrics (published every second) count it beside the peers' authenticated ones.
+    // metrics (published every second) count it beside the peers' authenticated ones. (Not
+    // the only failure there may be: a peer's dial can time out while a member starts.)
+    let count = |m: &str, result: &str| -> u64 {
+        let label = format!("quorate_peer_connections_total{{result=\"{result}\"}} ");
+        m.lines()
+            .find_map(|l| l.strip_prefix(label.as_str()))
+            .map_or(0, |n| n.trim().parse().unwrap())
+    };
+    let before = count(&http("/metrics"), "handshake_failed");
     {
         use std::io::{Read, Write};
         let mut s = std::net::TcpStream::connect(cluster.members[0].peer).unwrap();
@@ -231,21 +239,18 @@ async fn every_node_answers_and_the_limit_holds_across_them() {
         let _ = s.write_all(&[0x42; 64]);
         let _ = s.read_to_end(&mut Vec::new());
     }
-    let count = |m: &str, result: &str| -> u64 {
-        let label = format!("quorate_peer_connections_total{{result=\"{result}\"}} ");
-        m.lines()
-            .find_map(|l| l.strip_prefix(label.as_str()))
-            .map_or(0, |n| n.trim().parse().unwrap())
-    };
     let started = Instant::now();
     let metrics = loop {
         let m = http("/metrics");
-        if count(&m, "handshake_failed") >= 1 || started.elapsed() > Duration::from_secs(10) {
+        if count(&m, "handshake_failed") > before || started.elapsed() > Duration::from_secs(10) {
             break m;
         }
         std::thread::sleep(Duration::from_millis(200));
     };
-    assert_eq!(count(&metrics, "handshake_failed"), 1, "{metrics}");
+    assert!(
+        count(&metrics, "handshake_failed") > before,
+        "{before}: {metrics}"
+    );
     assert!(count(&metrics, "authenticated") >= 2, "{metrics}");
 }
 
@@ -661,57 +666,55 @@ async fn a_fast_leader_cut_off_from_its_followers_answers_within_its_lease() {
     );
 }
 
-/// A node restarted into a term it led (kill -9 and back within the others' election
-/// timeout: openraft restores it as that term's leader) answers no `fast` check early in
-/// that term. A waiver of its leadership, given in a handover it did not live to finish,
-/// may still stand at the voters and let another node be elected in the next term without
-/// waiting out this leader's lease; the restarted node cannot know. So as in
-/// `a_fast_leader_cut_off_from_its_followers_answers_within_its_lease`, but after the
-/// restart: with both followers stopped inside the lease, its five fast checks wait for a
-/// commit that cannot come and get `on_unavailable`'s denial. scripts/negative-controls
-/// starts the proposer without the restart's term (early answers then admit all five).
+/// A leader killed while its disk is behind loses none of what its followers committed.
+/// The leader sends its entries to its followers before its own fsync (vendor/README.md,
+/// the first change): with its WAL stalled (`--test-hold-wal-while`) the two followers'
+/// copies commit five strict admissions, and the kill -9 loses the leader's own. openraft
+/// restored a node whose saved vote was its own and committed as that term's leader at once,
+/// with the log it had: back within the others' election timeout, it wrote other entries
+/// at the indexes of the committed ones, which its followers took for the same, and the five
+/// were gone from its state (seen in `scripts/docker-faults`' full restart: acknowledged
+/// counter admissions lost, a strict limit over-admitted). The log store now hands that
+/// vote over as not committed: the node comes back a follower, and the shard's next leader,
+/// elected in a later term, holds the five.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_leader_restarted_into_its_own_term_answers_no_fast_check_early() {
-    let (limit, key) = ("fastcount", "cut");
-    let g = shard(limit, key) as usize;
-    let mut cluster = blocking(move || Cluster::start(3, &policies(), &SLOW_ELECTIONS));
-    // A restart slower than the election timeout (a busy machine) finds another leader or
-    // term: then again from the new leader, up to three times.
-    let mut attempts = 0;
-    let (leader, at_leader) = loop {
-        attempts += 1;
-        let (leader, _) = settled_leader(&cluster, limit, key).await;
-        let term = |c: &Cluster| {
-            group_field(c, leader, "term")
-                .get(g)
-                .and_then(|t| t.as_u64())
-        };
-        let before = blocking(|| term(&cluster));
-        cluster = blocking(move || {
-            cluster.kill9(leader);
-            cluster.spawn(leader);
-            cluster
-        });
-        // Back in its own term as its leader, and settled (it commits again)?
-        let (again, at_leader) = settled_leader(&cluster, limit, key).await;
-        if again == leader && before.is_some() && blocking(|| term(&cluster)) == before {
-            break (leader, at_leader);
-        }
-        assert!(
-            attempts < 3,
-            "three restarts were not back within the election timeout (another leader or \
-             term): nothing to test"
-        );
+async fn a_leader_killed_before_its_disk_caught_up_loses_nothing_its_followers_committed() {
+    let (limit, key) = ("count", "behind");
+    let (cluster, leader, at_leader, hold) = start_with_wal_hold(limit, key).await;
+    let term = |c: &Cluster| {
+        group_field(c, leader, "term")
+            .get(shard(limit, key) as usize)
+            .and_then(|t| t.as_u64())
     };
-    let followers: Vec<usize> = (0..3).filter(|&i| i != leader).collect();
-    blocking(|| followers.iter().for_each(|&i| cluster.signal(i, SIGSTOP)));
+    let before_term = blocking(|| term(&cluster));
+    let before = remaining(&at_leader, limit, key).await;
+    std::fs::write(&hold, b"").unwrap();
     let (answered, admitted) = five_checks(&at_leader, limit, key).await;
-    blocking(|| followers.iter().for_each(|&i| cluster.signal(i, SIGCONT)));
     assert_eq!(
         (answered, admitted),
-        (5, 0),
-        "a leader restarted into its term answered fast checks early"
+        (5, 5),
+        "committed on the followers' disks while the leader's stalls"
     );
+    let mut cluster = cluster;
+    cluster = blocking(move || {
+        cluster.kill9(leader);
+        std::fs::remove_file(&hold).unwrap();
+        cluster.spawn(leader);
+        cluster
+    });
+    let (again, at_again) = settled_leader(&cluster, limit, key).await;
+    let after = remaining(&at_again, limit, key).await;
+    assert!(
+        before - after >= 8,
+        "{} of the 5 acknowledged admissions (and settled_leader's 3) consumed: lost",
+        before - after
+    );
+    if again == leader {
+        assert!(
+            blocking(|| term(&cluster)) > before_term,
+            "the restarted node led its old term again"
+        );
+    }
 }
 
 /// The leader's own log flush runs beside replication (quorate's openraft patch,

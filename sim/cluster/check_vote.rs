@@ -7,7 +7,8 @@
 //! committed), durably. Every vote a node's log store saves (reported once durable) or
 //! finds on disk at start (`raft::hooks::Hooks::vote`) goes through [`Votes::record`], which
 //! checks:
-//! - per shard and node, each vote is at least the one before it, a restart included. A
+//! - per shard and node, each vote is at least the one before it, a restart included (one
+//!   found at a start may have lost its `committed`: see [`Votes::record`]). A
 //!   node that lost a saved vote (in a crash) could grant a lower-named candidate of a term
 //!   it had already voted in, and two candidates could each count it toward a majority;
 //! - a node that saves its own leadership (a committed vote for itself) was granted by at
@@ -58,7 +59,15 @@ impl Votes {
             self.saved += 1;
         }
         if let Some(prev) = self.last.get(&(v.group, v.node)) {
-            if rank(v) < rank(prev) {
+            // A store may find a vote no longer committed: a node's own committed vote is
+            // handed to openraft as not committed at a start (`NodeLog::group_after_snapshots`),
+            // and a WAL compaction may write it so. Its term and node may not go back.
+            let back = if v.restored {
+                (v.term, v.leader) < (prev.term, prev.leader)
+            } else {
+                rank(v) < rank(prev)
+            };
+            if back {
                 let (what, when) = if v.restored {
                     ("restarted with", "it had saved")
                 } else {
@@ -139,6 +148,7 @@ mod tests {
             vote(2, 2, 3, true),
             vote(1, 2, 3, true),
             restored(vote(3, 2, 3, true)),
+            restored(vote(3, 2, 3, false)),
             vote(1, 5, 1, false),
             vote(2, 5, 1, false),
             vote(1, 5, 1, true),

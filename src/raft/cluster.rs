@@ -409,8 +409,10 @@ impl Cluster {
             let info_state = sm.state();
             let mut log = logs.log(g, info.clone())?;
             // The term this node led when it stopped, if it did (its saved vote is its own
-            // and committed): openraft restores it as that term's leader, and the voters
-            // may still hold waivers of that leadership (see `propose_loop`).
+            // and committed): openraft would restore it as that term's leader, and the
+            // voters may still hold waivers of that leadership (see `propose_loop`). quorate's
+            // log store hands such a vote over as not committed (`NodeLog::
+            // group_after_snapshots`), so this is 0 with it; kept for any other store.
             let led_term = match log.read_vote().await {
                 Ok(Some(v))
                     if v.is_committed() && v.leader_id().voted_for() == Some(config.node_id) =>
@@ -1587,10 +1589,11 @@ impl Cluster {
     }
 
     /// Fills in the lag of the shards in `groups` (this node's status) that another member
-    /// leads, asking each such leader once, all at once, for up to a second (one round at a
-    /// time: concurrent statuses wait their turn, so a flood of them asks no more): a status shows
-    /// every shard's lag from whichever member is asked. A leader that does not answer (or
-    /// an older build, which refuses the request) leaves its shards' lag empty.
+    /// leads, asking each such leader once, all at once, for up to a second (or
+    /// `forward_timeout`, if shorter): a status shows every shard's lag from whichever
+    /// member is asked. One round at a time, so a flood of statuses asks no more; one that
+    /// waits a round's time for its turn gives up. A leader that does not answer (or an
+    /// older build, which refuses the request) leaves its shards' lag empty.
     pub async fn fill_lag(&self, groups: &mut [GroupStatus]) {
         let mut leaders: Vec<NodeId> = groups
             .iter()
@@ -1600,8 +1603,15 @@ impl Cluster {
             .collect();
         leaders.sort_unstable();
         leaders.dedup();
+        if leaders.is_empty() {
+            return;
+        }
         let wait = self.config.forward_timeout.min(LAG_WAIT);
-        let _one_round = self.lag_asking.lock().await;
+        // A status that waits longer than a round for the round under way leaves the lag
+        // empty: concurrent statuses then take at most two rounds' time each.
+        let Ok(_one_round) = tokio::time::timeout(wait, self.lag_asking.lock()).await else {
+            return;
+        };
         let asked = futures::future::join_all(leaders.into_iter().map(|leader| async move {
             let answer = ask(&*self.transport, leader, &PeerRequest::Lag, wait).await;
             (leader, answer)

@@ -254,6 +254,9 @@ pub struct NodeLog {
     groups: Arc<Groups>,
     ack_before_durable: bool,
     votes: Option<VoteWatch>,
+    /// This node's id ([`NodeLog::set_node`]): a vote of its own, committed, is handed to
+    /// openraft as not committed (see [`NodeLog::group_after_snapshots`]).
+    node: Option<NodeId>,
 }
 
 /// The simulation's view of the votes a node's group logs save (`Hooks::vote`), and its
@@ -319,6 +322,7 @@ impl NodeLog {
                 groups,
                 ack_before_durable: false,
                 votes: None,
+                node: None,
             },
             ids,
         ))
@@ -362,6 +366,23 @@ impl NodeLog {
             let vote = lock(&log.state).vote.unwrap_or_default();
             watch.report(group, &vote, true);
         }
+        // A leader sends its own entries to its followers before they are durable here
+        // (vendor/README.md, the first change), so a leader killed before its disk caught
+        // up can hold less log than its followers committed. openraft restores a node whose
+        // saved vote is its own and committed as that term's leader at once, with the log it
+        // has: it would write other entries in that term at indexes its followers hold
+        // committed ones for, which they take for the same entries (a log id is a term,
+        // a leader and an index), and the committed ones are lost. Handed over as not
+        // committed, the vote starts the node as a follower: it leads again only through an
+        // election, in a later term, which a node missing committed entries cannot win.
+        if let Some(node) = self.node {
+            let mut state = lock(&log.state);
+            if let Some(vote) = state.vote.as_mut() {
+                if vote.committed && vote.leader_id.node_id == node {
+                    vote.committed = false;
+                }
+            }
+        }
         log
     }
 
@@ -386,6 +407,12 @@ impl NodeLog {
     #[doc(hidden)]
     pub fn set_unsafe_ack_before_durable(&mut self, on: bool) {
         self.ack_before_durable = on;
+    }
+
+    /// This node's id, before any group log is handed out: its own committed vote is then
+    /// handed to openraft as not committed ([`NodeLog::group_after_snapshots`]).
+    pub fn set_node(&mut self, node: NodeId) {
+        self.node = Some(node);
     }
 
     /// For the simulation: group logs handed out afterwards report to `sink` every vote they

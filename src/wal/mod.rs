@@ -472,15 +472,15 @@ impl Wal {
             .unwrap_or_else(PoisonError::into_inner) = Some(source);
     }
 
-    /// `(appends, syncs)` so far: submissions written (made durable by a sync, unless the
-    /// WAL runs with `sync: false` or they were [`Reserved::submit_unsynced`] and no later
-    /// sync has come yet) and the syncs that covered them. `syncs / appends` is the fsync
-    /// cost per submission.
     /// Whether the log refuses every append after a failed write (it poisoned itself).
     pub fn failed(&self) -> bool {
         self.inner.shared.stats.failed.load(Ordering::Relaxed)
     }
 
+    /// `(appends, syncs)` so far: submissions written (made durable by a sync, unless the
+    /// WAL runs with `sync: false` or they were [`Reserved::submit_unsynced`] and no later
+    /// sync has come yet) and the syncs that covered them. `syncs / appends` is the fsync
+    /// cost per submission.
     pub fn stats(&self) -> (u64, u64) {
         let stats = &self.inner.shared.stats;
         (
