@@ -59,10 +59,10 @@ impl Votes {
             self.saved += 1;
         }
         if let Some(prev) = self.last.get(&(v.group, v.node)) {
-            // A store may find a vote no longer committed: a node's own committed vote is
-            // handed to openraft as not committed at a start (`NodeLog::group_after_snapshots`),
-            // and a WAL compaction may write it so. Its term and node may not go back.
-            let back = if v.restored {
+            // A store may find a node's own vote no longer committed: it is handed to
+            // openraft as not committed at a start (`NodeLog::group_after_snapshots`), and a
+            // WAL compaction may write it so. Its term and node may not go back.
+            let back = if v.restored && v.leader == v.node {
                 (v.term, v.leader) < (prev.term, prev.leader)
             } else {
                 rank(v) < rank(prev)
@@ -179,6 +179,9 @@ mod tests {
             "{wiped:?}"
         );
         let uncommitted = violations(&[vote(2, 4, 1, true), vote(2, 4, 1, false)]);
+        assert!(uncommitted[0].contains("went back"), "{uncommitted:?}");
+        // Only a node's own vote may come back from disk no longer committed.
+        let uncommitted = violations(&[vote(2, 4, 1, true), restored(vote(2, 4, 1, false))]);
         assert!(uncommitted[0].contains("went back"), "{uncommitted:?}");
         // n2's vote is for a lower-named candidate of term 7: it did not grant n3.
         let lone = violations(&[

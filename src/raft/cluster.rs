@@ -114,8 +114,9 @@ pub struct ClusterConfig {
     /// are refused unread, as a member of a build from before them refuses them.
     pub refuse_requests: Vec<u8>,
     /// Drawn at random for each start of this node: with a term, it names a leadership
-    /// (the entries' [`Batch::epoch`]) that a restart leading the same term again does not
-    /// share (openraft keeps a committed vote across a restart).
+    /// (the entries' [`Batch::epoch`]) that a restart leading the same term again would not
+    /// share (openraft restores a committed vote of its own as that term's leadership;
+    /// quorate's log store hands it over as not committed, so none does now).
     pub incarnation: u64,
 }
 
@@ -1737,9 +1738,10 @@ async fn propose_loop(cluster: Arc<Cluster>, group: Arc<Group>) {
     let mut open: Option<Open> = None;
     // A term in which this node began a handover of its leadership: it answers no fast check
     // early for the rest of it (the voters waived its lease, see `run_handover`). At the start,
-    // the term this node led when it stopped, if it did: openraft restores it as that
-    // term's leader, and a waiver of that leadership may still stand (a restart does not
-    // undo the voters' waivers), so it answers no fast check early in that term.
+    // the term this node led when it stopped, if openraft restored it as that term's leader
+    // (a waiver of that leadership may still stand: a restart does not undo the voters'
+    // waivers), so it answers no fast check early in that term. With quorate's log store
+    // it is never restored (`NodeLog::group_after_snapshots`): 0.
     let mut no_early_term: u64 = group.led_term_at_start;
     // Fast-only entries: proposed no sooner than `fast_linger` after the last entry, unless
     // they hold `fast_batch` commands (see the wait below). At most half the lease: a hold
