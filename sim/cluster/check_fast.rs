@@ -20,8 +20,8 @@
 //! `excess(key) <= allowance x (leader changes + leader crashes of the key's shard)` (zero
 //! excess without either), the allowance being the capacity, times
 //! `ceil(election timeout / period) + 1` for a fixed window. A leader crash counts even when
-//! no other node was elected before the leader restarted and led the same term again
-//! (openraft keeps a committed vote): its unreplicated answers were lost all the same (seed
+//! no other node was elected before the leader restarted (before `03d0ae8` it could lead the
+//! same term again): its unreplicated answers were lost all the same (seed
 //! 300117 at 30 clients, until a timing change moved it: n2 crashed 14 ms after a fast
 //! admission its linger held; the unit test below builds that case).
 

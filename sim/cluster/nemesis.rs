@@ -5,8 +5,8 @@
 //! +/-300 s, a drift of up to +/-2 %, a backward wall step). Clock faults persist; the rest
 //! last until the next pick, except that with `--quick-restarts` about half the faults are
 //! crashes and a crashed node comes back after 1-350 ms (a supervisor's restart, usually
-//! before the others' election timeout, so a leader often resumes its own term with entries
-//! it proposed and did not commit). At most one node is down at a time, so a majority can
+//! before the others' election timeout, with entries it proposed as leader and did not
+//! commit; it comes back a follower, and leads again only through an election). At most one node is down at a time, so a majority can
 //! always form once the network heals.
 
 use super::history::History;
