@@ -219,8 +219,8 @@ struct ClusterArgs {
     #[arg(long)]
     failover_clients: bool,
     /// About half the faults are crashes, and a crashed node restarts after 1-350 ms,
-    /// usually before the others' election timeout (a leader often resumes its own term),
-    /// instead of at the nemesis's next heal.
+    /// usually before the others' election timeout (a leader comes back a follower, with
+    /// entries it proposed and did not commit), instead of at the nemesis's next heal.
     #[arg(long)]
     quick_restarts: bool,
     /// A check whose outcome is unknown (timeout, lost connection, TRYAGAIN) is sent again
@@ -249,6 +249,11 @@ struct ClusterArgs {
     /// faults.
     #[arg(long)]
     small_snapshots: bool,
+    /// About a quarter of the nemesis's picks stall a shard leader's disk for 5-400 ms (it
+    /// still replicates what it has not written), half of them ending in a crash with a
+    /// restart 1-350 ms later.
+    #[arg(long)]
+    disk_stalls: bool,
     /// How the nodes spread keys over shards: "hash" or "slots" (Redis Cluster's hash slots).
     #[arg(long, default_value = "hash", value_parser = parse_sharding)]
     sharding: quorate::shard::route::Sharding,
@@ -492,6 +497,7 @@ fn sim_cluster(a: ClusterArgs) -> Result<(), CliError> {
         handover_faults: a.handover_faults,
         membership_faults: a.membership_faults,
         small_snapshots: a.small_snapshots,
+        disk_stalls: a.disk_stalls,
         sharding: a.sharding,
         nemesis: !a.no_nemesis,
         controls: Controls {

@@ -301,6 +301,7 @@ pub async fn start<P: Listener, C: Connector>(
         direct_io: settings.wal_direct_io,
         hold_while: settings.wal_hold_while.clone(),
         dir_lock: Some(Arc::new(lock)),
+        stall: settings.hooks.wal_stall.clone(),
         ..WalOptions::default()
     };
     if !settings.wal_sync {
@@ -418,34 +419,34 @@ pub async fn start<P: Listener, C: Connector>(
 
 /// The peer server's counters as last published: each publish adds what they gained since.
 #[derive(Default)]
-struct PeerCounts([u64; 6]);
+struct PeerCounts {
+    /// `quorate_peer_connections_total{result}`, by result (the order of `publish`'s list).
+    connections: [u64; 5],
+    /// `quorate_peer_requests_busy_total`.
+    busy: u64,
+}
 
 impl PeerCounts {
     fn publish(&mut self, stats: &crate::peer::PeerStats, metrics: &Metrics) {
         use crate::peer::PeerStats;
-        let now = [
-            PeerStats::get(&stats.authenticated),
-            PeerStats::get(&stats.handshake_failures),
-            PeerStats::get(&stats.handshakes_refused),
-            PeerStats::get(&stats.connections_rejected),
-            PeerStats::get(&stats.protocol_errors),
-            PeerStats::get(&stats.busy),
+        let connections = [
+            ("authenticated", &stats.authenticated),
+            ("handshake_failed", &stats.handshake_failures),
+            ("refused_per_address", &stats.handshakes_refused),
+            ("refused_max_connections", &stats.connections_rejected),
+            ("protocol_error", &stats.protocol_errors),
         ];
-        const RESULTS: [&str; 5] = [
-            "authenticated",
-            "handshake_failed",
-            "refused_per_address",
-            "refused_max_connections",
-            "protocol_error",
-        ];
-        for (i, result) in RESULTS.iter().enumerate() {
+        for ((result, counter), published) in connections.iter().zip(&mut self.connections) {
+            let now = PeerStats::get(counter);
             metrics
                 .peer_connections
                 .with_label_values(&[result])
-                .inc_by(now[i].saturating_sub(self.0[i]));
+                .inc_by(now.saturating_sub(*published));
+            *published = now;
         }
-        metrics.peer_busy.inc_by(now[5].saturating_sub(self.0[5]));
-        self.0 = now;
+        let busy = PeerStats::get(&stats.busy);
+        metrics.peer_busy.inc_by(busy.saturating_sub(self.busy));
+        self.busy = busy;
     }
 }
 
@@ -507,6 +508,33 @@ mod tests {
         assert!(!is_bulk(&encode(&PeerRequest::RespAddr)));
         assert!(c.max_bulk_requests < c.max_concurrent_requests);
         assert_eq!(c.handler_timeout, Duration::from_secs(21));
+    }
+
+    /// Each publish adds to the metrics what the peer server's counters gained since the
+    /// last, each under its own name and label.
+    #[test]
+    fn the_peer_servers_counters_are_published_as_they_grow() {
+        use std::sync::atomic::Ordering::Relaxed;
+        let stats = crate::peer::PeerStats::default();
+        let metrics = Metrics::new();
+        let mut published = PeerCounts::default();
+        let connections =
+            |result: &str| metrics.peer_connections.with_label_values(&[result]).get();
+        stats.authenticated.store(3, Relaxed);
+        stats.handshake_failures.store(1, Relaxed);
+        stats.busy.store(7, Relaxed);
+        published.publish(&stats, &metrics);
+        stats.authenticated.store(5, Relaxed);
+        stats.protocol_errors.store(2, Relaxed);
+        stats.busy.store(9, Relaxed);
+        published.publish(&stats, &metrics);
+        published.publish(&stats, &metrics);
+        assert_eq!(connections("authenticated"), 5);
+        assert_eq!(connections("handshake_failed"), 1);
+        assert_eq!(connections("protocol_error"), 2);
+        assert_eq!(connections("refused_per_address"), 0);
+        assert_eq!(connections("refused_max_connections"), 0);
+        assert_eq!(metrics.peer_busy.get(), 9);
     }
 
     #[test]

@@ -366,10 +366,13 @@ pub struct History {
     /// handovers that ended with the leadership where it was.
     pub handovers: u64,
     pub handovers_failed: u64,
+    /// Disk stalls of `--disk-stalls`, and those that ended in a crash.
+    pub disk_stalls: u64,
+    pub stall_crashes: u64,
     /// Per shard, how many times the nemesis crashed a node that led it (by its own
     /// account): each crash loses the fast answers of the entries it had not replicated,
-    /// whether or not another node is elected before it restarts (a restarted node can lead
-    /// the same term again: openraft keeps a committed vote).
+    /// whether or not another node is elected before it restarts (a restarted node comes
+    /// back a follower and leads again only in a later term).
     pub leader_crashes: BTreeMap<u64, u64>,
     /// Checks sent again under their request id after an unknown outcome
     /// (`--retry-clients`).

@@ -61,6 +61,8 @@ pub struct NodeHandle {
     pub starts: AtomicU64,
     /// True while the nemesis keeps it crashed.
     pub down: std::sync::atomic::AtomicBool,
+    /// True while the nemesis stalls its disk (`Hooks::wal_stall`).
+    pub stall: Arc<std::sync::atomic::AtomicBool>,
     /// Early log purges (`GroupStatus::early_purges`) of the node's crashed instances: a
     /// restart's count starts again at 0.
     early_purges_before: AtomicU64,
@@ -215,6 +217,7 @@ pub fn handles(
             let clock = Arc::new(SimClock::new(origin, epoch_ns));
             let sink_log = log.clone();
             let sink_history = history.clone();
+            let stall = Arc::new(std::sync::atomic::AtomicBool::new(false));
             let hooks = Hooks {
                 applied: Some(Arc::new(move |e| {
                     sink_history
@@ -271,6 +274,7 @@ pub fn handles(
                     })
                 }),
                 io_on_runtime: true,
+                wal_stall: Some(stall.clone()),
                 forward_in_flight: Some(FORWARD_IN_FLIGHT),
                 unsafe_apply_local_clock: opts
                     .controls
@@ -322,6 +326,7 @@ pub fn handles(
                 service: Mutex::new(None),
                 starts: AtomicU64::new(0),
                 down: Default::default(),
+                stall,
                 early_purges_before: AtomicU64::new(0),
                 config,
                 policies: policies.clone(),

@@ -6,8 +6,12 @@
 //! last until the next pick, except that with `--quick-restarts` about half the faults are
 //! crashes and a crashed node comes back after 1-350 ms (a supervisor's restart, usually
 //! before the others' election timeout, with entries it proposed as leader and did not
-//! commit; it comes back a follower, and leads again only through an election). At most one node is down at a time, so a majority can
-//! always form once the network heals.
+//! commit; it comes back a follower, and leads again only through an election). With
+//! `--disk-stalls` about a quarter of the picks stall a shard leader's disk for 5-400 ms: it
+//! writes nothing but still replicates, so its followers commit entries it has not written;
+//! half of those stalls end in a crash (a restart 1-350 ms later), which loses them from its
+//! disk. At most one node is down at a time, so a majority can always form once the network
+//! heals.
 
 use super::history::History;
 use super::hosts::NodeHandle;
@@ -34,6 +38,7 @@ enum Active {
     Latency(usize, usize),
     Loss(usize, usize),
     Crashed(usize),
+    Stalled(usize),
 }
 
 pub struct Nemesis {
@@ -47,6 +52,11 @@ pub struct Nemesis {
     restart_at: Option<(usize, u64)>,
     /// `--handover-faults`: some picks ask a leader to hand its shard over.
     handover_faults: bool,
+    /// `--disk-stalls`: some picks stall a leader's disk.
+    disk_stalls: bool,
+    /// The node whose disk is stalled, when the stall ends (simulated ns), and whether it
+    /// ends in a crash.
+    stall_end: Option<(usize, u64, bool)>,
 }
 
 /// How long a quickly restarted node stays down (ms): up to below the election timeout.
@@ -71,6 +81,7 @@ impl Nemesis {
         every: (Duration, Duration),
         quick_restarts: bool,
         handover_faults: bool,
+        disk_stalls: bool,
     ) -> Nemesis {
         Nemesis {
             rng: ChaCha8Rng::from_seed(super::derive(seed, "nemesis")),
@@ -80,6 +91,8 @@ impl Nemesis {
             quick_restarts,
             restart_at: None,
             handover_faults,
+            disk_stalls,
+            stall_end: None,
         }
     }
 
@@ -92,6 +105,23 @@ impl Nemesis {
         now: u64,
         history: &mut History,
     ) {
+        if let Some((v, at, crash)) = self.stall_end {
+            if now >= at {
+                self.stall_end = None;
+                self.active
+                    .retain(|a| !matches!(a, Active::Stalled(s) if *s == v));
+                nodes[v].stall.store(false, Ordering::SeqCst);
+                if crash {
+                    history.stall_crashes += 1;
+                    self.crash(sim, nodes, v, now, history, true);
+                } else {
+                    history.event(
+                        now,
+                        format_args!("nemesis {}'s disk writes again", nodes[v].name),
+                    );
+                }
+            }
+        }
         if let Some((v, at)) = self.restart_at {
             if now >= at {
                 self.restart_at = None;
@@ -128,6 +158,33 @@ impl Nemesis {
     ) {
         let n = nodes.len();
         let name = |i: usize| nodes[i].name.clone();
+        if self.disk_stalls && self.rng.random_bool(0.25) {
+            // Stall the disk of a shard's leader (any node if it has none); its writes wait
+            // while it goes on replicating, so its followers commit what it has not written.
+            let group = self.rng.random_range(0..shards.max(1));
+            let leader = leader_of(nodes, u64::from(group)).and_then(|id| index_of(nodes, id));
+            let v = leader.unwrap_or_else(|| self.rng.random_range(0..n));
+            let ms = self.rng.random_range(5..=400u64);
+            let crash = self.rng.random_bool(0.5);
+            nodes[v].stall.store(true, Ordering::SeqCst);
+            history.disk_stalls += 1;
+            self.active.push(Active::Stalled(v));
+            self.stall_end = Some((v, now + ms * 1_000_000, crash));
+            let end = if crash { " then crash it" } else { "" };
+            let whose = if leader.is_some() {
+                "its leader by the nodes' account"
+            } else {
+                "no leader known: a node at random"
+            };
+            history.fault(
+                now,
+                format_args!(
+                    "stall {}'s disk for {ms} ms{end} (shard {group}, {whose})",
+                    name(v)
+                ),
+            );
+            return;
+        }
         if self.handover_faults && self.rng.random_bool(0.25) {
             // Ask a shard's leader to hand the shard to another node (which may be down or
             // cut off: the handover then fails, and the leader stays).
@@ -218,26 +275,8 @@ impl Nemesis {
             }
             6 => {
                 let v = self.rng.random_range(0..n);
-                let led = nodes[v]
-                    .service()
-                    .and_then(|s| s.cluster().map(|c| c.led_shards()))
-                    .unwrap_or_default();
-                for &g in &led {
-                    *history.leader_crashes.entry(u64::from(g)).or_default() += 1;
-                }
-                sim.crash(name(v));
-                nodes[v].forget();
-                nodes[v].down.store(true, Ordering::SeqCst);
-                self.active.push(Active::Crashed(v));
-                history.fault(
-                    now,
-                    format_args!("crash {} (leading shards {led:?})", name(v)),
-                );
-                if self.quick_restarts {
-                    let (lo, hi) = QUICK_RESTART_MS;
-                    let ms = self.rng.random_range(lo..=hi);
-                    self.restart_at = Some((v, now + ms * 1_000_000));
-                }
+                let quick = self.quick_restarts;
+                self.crash(sim, nodes, v, now, history, quick);
             }
             7 => {
                 let v = self.rng.random_range(0..n);
@@ -266,6 +305,37 @@ impl Nemesis {
         }
     }
 
+    /// Crashes node `v` (restarted from its disk at the next heal, or after 1-350 ms if
+    /// `quick`).
+    fn crash(
+        &mut self,
+        sim: &mut Sim<'_>,
+        nodes: &[Arc<NodeHandle>],
+        v: usize,
+        now: u64,
+        history: &mut History,
+        quick: bool,
+    ) {
+        let name = nodes[v].name.clone();
+        let led = nodes[v]
+            .service()
+            .and_then(|s| s.cluster().map(|c| c.led_shards()))
+            .unwrap_or_default();
+        for &g in &led {
+            *history.leader_crashes.entry(u64::from(g)).or_default() += 1;
+        }
+        sim.crash(name.clone());
+        nodes[v].forget();
+        nodes[v].down.store(true, Ordering::SeqCst);
+        self.active.push(Active::Crashed(v));
+        history.fault(now, format_args!("crash {name} (leading shards {led:?})"));
+        if quick {
+            let (lo, hi) = QUICK_RESTART_MS;
+            let ms = self.rng.random_range(lo..=hi);
+            self.restart_at = Some((v, now + ms * 1_000_000));
+        }
+    }
+
     /// Heals every fault in force (restarting a crashed node from its disk).
     pub fn heal(
         &mut self,
@@ -288,9 +358,11 @@ impl Nemesis {
                 }
                 Active::Loss(x, y) => sim.set_link_fail_rate(name(x), name(y), 0.0),
                 Active::Crashed(v) => restart(sim, nodes, v, now, history),
+                Active::Stalled(v) => nodes[v].stall.store(false, Ordering::SeqCst),
             }
         }
         self.restart_at = None;
+        self.stall_end = None;
         history.event(now, "nemesis heal");
     }
 }

@@ -30,6 +30,10 @@ pub struct SeedResult {
     #[serde(default)]
     pub handovers_failed: u64,
     #[serde(default)]
+    pub disk_stalls: u64,
+    #[serde(default)]
+    pub stall_crashes: u64,
+    #[serde(default)]
     pub replaced: u64,
     #[serde(default)]
     pub removed_refusals: u64,
@@ -54,6 +58,8 @@ impl SeedResult {
             faults: r.faults,
             handovers: r.handovers,
             handovers_failed: r.handovers_failed,
+            disk_stalls: r.disk_stalls,
+            stall_crashes: r.stall_crashes,
             replaced: r.replaced,
             removed_refusals: r.removed_refusals,
             snapshots_installed: r.snapshots_installed,
@@ -75,6 +81,9 @@ pub struct Sweep {
     pub faults: u64,
     pub handovers: u64,
     pub handovers_failed: u64,
+    /// Disk stalls of `--disk-stalls`, and those that ended in a crash.
+    pub disk_stalls: u64,
+    pub stall_crashes: u64,
     pub replaced: u64,
     /// The members' refusals of the removed node's requests (see `Report::removed_refusals`).
     pub removed_refusals: u64,
@@ -252,6 +261,8 @@ impl Sweep {
         self.faults += r.faults;
         self.handovers += r.handovers;
         self.handovers_failed += r.handovers_failed;
+        self.disk_stalls += r.disk_stalls;
+        self.stall_crashes += r.stall_crashes;
         self.replaced += r.replaced;
         self.removed_refusals += r.removed_refusals;
         self.snapshots_installed += r.snapshots_installed;
@@ -325,6 +336,14 @@ impl Sweep {
              the log (within bound): {}",
             self.faults, self.handovers, self.handovers_failed, self.fast_excess
         );
+        if self.disk_stalls > 0 {
+            let _ = writeln!(
+                t,
+                "disks stalled (a shard leader's, where it had one: it replicated what it had not \
+                 written): {}, {} of them crashed before the disk wrote again",
+                self.disk_stalls, self.stall_crashes
+            );
+        }
         if self.replaced > 0 {
             let _ = writeln!(
                 t,

@@ -1979,9 +1979,10 @@ async fn propose_loop(cluster: Arc<Cluster>, group: Arc<Group>) {
         let any_fast = pending.iter().any(|p| p.fast);
         // The speculative state is (re)built only with nothing else in flight or open,
         // after the state machine has applied everything committed before this term's
-        // entries and every entry in this node's log (`log_applied`: a leader restarted
-        // in its own term may hold older ones): then the committed state plus what
-        // follows is exactly what the log will say.
+        // entries and every entry in this node's log (`log_applied`, a second guard: a
+        // leader restored in its own term held older ones, before the log store handed
+        // openraft a restarted node's own vote as not committed): then the committed
+        // state plus what follows is exactly what the log will say.
         let idle = open.is_none()
             && group.proposer.inflight.available_permits() + usize::from(permit.is_some())
                 >= pipeline;

@@ -17,6 +17,8 @@
 //!   clients reach the batched path (`PeerRequest::ForwardMany`) too.
 //! - `io_on_runtime` runs the WAL writer as a task on the host's runtime (a thread's
 //!   timing is outside simulated time; see `WalOptions::writer_on_runtime`).
+//! - `wal_stall`, while set, stalls that WAL writer task (a disk whose writes hang: a
+//!   leader replicates what it has not written, and a crash then loses it from its disk).
 //! - the `unsafe_*` switches break one safety mechanism each, so the simulation's checkers
 //!   can be SEEN to fail (docs/verification.md, "Negative controls").
 
@@ -91,6 +93,9 @@ pub struct Hooks {
     pub handover: Option<HandoverSink>,
     pub vote: Option<VoteSink>,
     pub io_on_runtime: bool,
+    /// With `io_on_runtime`: the WAL writer writes nothing while this is set
+    /// (`WalOptions::stall`).
+    pub wal_stall: Option<Arc<std::sync::atomic::AtomicBool>>,
     /// Calls with forwarded checks out to one peer (strict or fast) past which callers
     /// wait and share the next, instead of `forward::MAX_IN_FLIGHT`.
     pub forward_in_flight: Option<usize>,
@@ -113,6 +118,7 @@ impl std::fmt::Debug for Hooks {
             .field("handover", &self.handover.is_some())
             .field("vote", &self.vote.is_some())
             .field("io_on_runtime", &self.io_on_runtime)
+            .field("wal_stall", &self.wal_stall.is_some())
             .field("forward_in_flight", &self.forward_in_flight)
             .field(
                 "unsafe_apply_local_clock",

@@ -142,6 +142,11 @@ pub struct WalOptions {
     /// The data directory's lock ([`DirLock`]), held until the log is closed: after the
     /// last handle is dropped and the writer has finished.
     pub dir_lock: Option<Arc<DirLock>>,
+    /// The simulation only, with `writer_on_runtime`: while this is set the writer takes
+    /// no batch (it checks again every simulated millisecond), a disk whose writes stall;
+    /// what it has not written is lost if the host crashes meanwhile. The thread writer
+    /// ignores it (`hold_while` is the real processes' stall).
+    pub stall: Option<Arc<std::sync::atomic::AtomicBool>>,
 }
 
 impl Default for WalOptions {
@@ -158,6 +163,7 @@ impl Default for WalOptions {
             direct_io: true,
             hold_while: None,
             dir_lock: None,
+            stall: None,
         }
     }
 }
@@ -388,7 +394,13 @@ impl Wal {
             len: opened.len,
         };
         let writer = if options.writer_on_runtime {
-            writer::spawn_task(segment, rx, Arc::clone(&shared), settings);
+            writer::spawn_task(
+                segment,
+                rx,
+                Arc::clone(&shared),
+                settings,
+                options.stall.clone(),
+            );
             None
         } else {
             Some(writer::spawn(segment, rx, Arc::clone(&shared), settings)?)

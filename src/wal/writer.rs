@@ -181,18 +181,24 @@ pub fn spawn(
 
 /// Starts the writer as a task on the current tokio runtime (see
 /// `WalOptions::writer_on_runtime`): the same loop, its I/O done inline. Dropping the runtime
-/// drops the writer with whatever its `volatile` cache holds, as a crash would.
+/// drops the writer with whatever its `volatile` cache holds, as a crash would, and with
+/// whatever a `stall` kept it from writing.
 pub fn spawn_task(
     segment: Segment,
     mut rx: mpsc::Receiver<Request>,
     shared: Arc<Shared>,
     settings: Settings,
+    stall: Option<Arc<std::sync::atomic::AtomicBool>>,
 ) {
     let mut writer = Writer::new(segment, shared, settings);
     tokio::spawn(async move {
         let mut waiting: Vec<Request> = Vec::new();
         let mut batch: Vec<u8> = Vec::new();
         while let Some(first) = rx.recv().await {
+            // A stalled disk (see `WalOptions::stall`): nothing is written until it clears.
+            while stall.as_ref().is_some_and(|s| s.load(Ordering::SeqCst)) {
+                tokio::time::sleep(std::time::Duration::from_millis(1)).await;
+            }
             waiting.push(first);
             writer.write_waiting(&mut rx, &mut waiting, &mut batch);
         }
