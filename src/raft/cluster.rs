@@ -247,8 +247,6 @@ struct Group {
     handover_asked: AtomicBool,
     /// Numbers the asks, so that an asker withdraws only its own.
     handover_seq: AtomicU64,
-    /// The term this node led when it last stopped (0: none).
-    led_term_at_start: u64,
     /// This node was removed from the group: a member refused its vote or a check it
     /// forwarded ([`PeerResponse::Removed`]), or this replica applied the removal (the state
     /// machine says so). From then on it refuses the shard's checks
@@ -408,21 +406,7 @@ impl Cluster {
             sm.set_node(config.node_id, config.hooks.clone(), removed.clone());
             let info = sm.info();
             let info_state = sm.state();
-            let mut log = logs.log(g, info.clone())?;
-            // The term this node led when it stopped, if it did (its saved vote is its own
-            // and committed): openraft would restore it as that term's leader, and the
-            // voters may still hold waivers of that leadership (see `propose_loop`). quorate's
-            // log store hands such a vote over as not committed (`NodeLog::
-            // group_after_snapshots`), so this is 0 with it; kept for any other store.
-            let led_term = match log.read_vote().await {
-                Ok(Some(v))
-                    if v.is_committed() && v.leader_id().voted_for() == Some(config.node_id) =>
-                {
-                    v.leader_id().term
-                }
-                Ok(_) => 0,
-                Err(e) => return Err(format!("shard {g}: cannot read the saved vote: {e}")),
-            };
+            let log = logs.log(g, info.clone())?;
             let network = super::rpc::GroupNetwork {
                 group: g,
                 transport: transport.clone(),
@@ -474,7 +458,6 @@ impl Cluster {
                 handover: Mutex::new(None),
                 handover_asked: AtomicBool::new(false),
                 handover_seq: AtomicU64::new(0),
-                led_term_at_start: led_term,
                 removed,
                 intake: SnapshotIntake::default(),
             });
@@ -1737,12 +1720,11 @@ async fn propose_loop(cluster: Arc<Cluster>, group: Arc<Group>) {
     let unsafe_early = cluster.config.hooks.unsafe_answer_before_commit;
     let mut open: Option<Open> = None;
     // A term in which this node began a handover of its leadership: it answers no fast check
-    // early for the rest of it (the voters waived its lease, see `run_handover`). At the start,
-    // the term this node led when it stopped, if openraft restored it as that term's leader
-    // (a waiver of that leadership may still stand: a restart does not undo the voters'
-    // waivers), so it answers no fast check early in that term. With quorate's log store
-    // it is never restored (`NodeLog::group_after_snapshots`): 0.
-    let mut no_early_term: u64 = group.led_term_at_start;
+    // early for the rest of it (the voters waived its lease, see `run_handover`). None at the
+    // start: a node never leads a term it led before a restart (its log store hands openraft
+    // its own committed vote as not committed, `NodeLog::group_after_snapshots`), so no
+    // waiver given before the restart can stand in a term it leads.
+    let mut no_early_term: u64 = 0;
     // Fast-only entries: proposed no sooner than `fast_linger` after the last entry, unless
     // they hold `fast_batch` commands (see the wait below). At most half the lease: a hold
     // that outlasted it would leave the next fast callers unanswerable early (the lease
