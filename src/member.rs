@@ -331,7 +331,7 @@ pub async fn start<P: Listener, C: Connector>(
     let nonces = Nonces::from_seed(seed);
     let peers =
         Peers::new(peer_config.clone(), connector, addrs, nonces.clone()).map_err(invalid)?;
-    let transport: Arc<dyn Transport> = Arc::new(PeerTransport(peers));
+    let transport: Arc<dyn Transport> = Arc::new(PeerTransport(peers.clone()));
 
     let metrics = Metrics::new();
     let mut cluster_config =
@@ -379,7 +379,9 @@ pub async fn start<P: Listener, C: Connector>(
         let cluster = handled.clone();
         Box::pin(async move { Ok(cluster.handle(from, &body).await) })
     });
-    let peer_server = crate::peer::PeerServer::new(peer_config, handler, nonces);
+    // One connection per member pair: the server's handler answers on the connections
+    // `peers` dial, and `peers` call on those lower ids dial here.
+    let peer_server = crate::peer::PeerServer::new(peer_config, handler, nonces).with_peers(&peers);
     let peer_stats = peer_server.stats();
 
     // Metrics: the WAL's fsync economy, the peer server's connections and every group's

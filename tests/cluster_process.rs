@@ -8,6 +8,8 @@
 
 #[path = "support/cluster.rs"]
 mod cluster_support;
+#[path = "support/sockets.rs"]
+mod sockets;
 
 use cluster_support::{http_within, Cluster, SIGCONT, SIGSTOP};
 use quorate::api::resp::Frame;
@@ -252,6 +254,14 @@ async fn every_node_answers_and_the_limit_holds_across_them() {
         "{before}: {metrics}"
     );
     assert!(count(&metrics, "authenticated") >= 2, "{metrics}");
+    // One connection per member pair, whoever called whom: three among three members
+    // (once the knocks' sockets have closed).
+    let ports: Vec<u16> = cluster.members.iter().map(|m| m.peer.port()).collect();
+    let started = Instant::now();
+    while sockets::established_to(&ports) != 3 && started.elapsed() < Duration::from_secs(10) {
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    assert_eq!(sockets::established_to(&ports), 3);
 }
 
 /// A second `quorate node` on a running member's data directory (its own ports) is refused

@@ -17,6 +17,9 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::sync::oneshot;
 use tokio::task::JoinHandle;
 
+#[path = "support/sockets.rs"]
+mod sockets;
+
 /// Records the largest single allocation, to show an announced frame size is never allocated.
 struct Largest;
 static LARGEST: AtomicUsize = AtomicUsize::new(0);
@@ -631,7 +634,7 @@ async fn a_connection_that_goes_silent_fails_its_calls_after_the_idle_timeout() 
     let addr = listener.local_addr().unwrap();
     let fake = tokio::spawn(async move {
         let (mut sock, _) = listener.accept().await.unwrap();
-        handshake::server(&mut sock, &cfg(SERVER, SECRET), [5; 32])
+        handshake::server(&mut sock, &cfg(SERVER, SECRET), [5; 32], |_| false)
             .await
             .unwrap();
         tokio::time::sleep(Duration::from_secs(30)).await;
@@ -650,4 +653,147 @@ fn the_config_debug_output_hides_the_secret() {
     let text = format!("{:?}", cfg(1, SECRET));
     assert!(!text.contains("cluster secret"), "{text}");
     assert!(text.contains("<32 bytes>"), "{text}");
+}
+
+/// A whole node's transport: its `Peers` and its server, attached, on a listener of its own.
+struct Node {
+    peers: Peers<TcpConnector>,
+    server: Server,
+}
+
+impl Node {
+    /// Node `id` on `listener`, knowing `others` (id, peer address).
+    fn start(id: u64, listener: TcpListener, others: &[(u64, SocketAddr)]) -> Node {
+        let addr = listener.local_addr().unwrap();
+        let peers = Peers::new(
+            cfg(id, SECRET),
+            TcpConnector,
+            others.iter().copied(),
+            Nonces::from_seed([id as u8; 32]),
+        )
+        .unwrap();
+        let calls = Arc::new(AtomicU64::new(0));
+        let server = PeerServer::new(
+            cfg(id, SECRET),
+            handler(calls.clone()),
+            Nonces::from_seed([id as u8 + 100; 32]),
+        )
+        .with_peers(&peers);
+        let stats = server.stats();
+        let (stop, stopped) = oneshot::channel::<()>();
+        let task = tokio::spawn(server.serve(listener, async move {
+            let _ = stopped.await;
+        }));
+        Node {
+            peers,
+            server: Server {
+                addr,
+                stats,
+                calls,
+                stop: Some(stop),
+                task,
+            },
+        }
+    }
+
+    async fn call(&self, to: u64, body: &str) -> Result<Vec<u8>, PeerError> {
+        self.peers.call(to, body.as_bytes().to_vec(), LONG).await
+    }
+}
+
+async fn bind() -> (TcpListener, SocketAddr) {
+    let l = TcpListener::bind("127.0.0.1:0".parse().unwrap())
+        .await
+        .unwrap();
+    let a = l.local_addr().unwrap();
+    (l, a)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_node_pair_shares_one_connection_for_calls_both_ways() {
+    let ((l1, a1), (l2, a2)) = (bind().await, bind().await);
+    let one = Node::start(1, l1, &[(2, a2)]);
+    let two = Node::start(2, l2, &[(1, a1)]);
+    // The higher id first: it knocks, and node 1 dials it back. Its call is still running
+    // when node 1 first calls node 2: had node 2 dialed a connection of its own, it would go
+    // once node 1's arrived, failing the call.
+    let two = Arc::new(two);
+    let slow = {
+        let two = two.clone();
+        tokio::spawn(async move { two.call(1, "sleep 300 hello").await })
+    };
+    let handled = one.server.calls.clone();
+    until("node 1 to run node 2's call", || get(&handled) == 1).await;
+    assert_eq!(one.call(2, "hi").await.unwrap(), b"1:hi");
+    assert_eq!(slow.await.unwrap().unwrap(), b"2:sleep 300 hello");
+    let both = (0..200).map(|i| {
+        let (from, to) = if i % 2 == 0 { (&one, 2) } else { (&*two, 1) };
+        async move { (from.call(to, &format!("n{i}")).await, i) }
+    });
+    for (r, i) in join_all(both).await {
+        let from = if i % 2 == 0 { 1 } else { 2 };
+        assert_eq!(r.unwrap(), format!("{from}:n{i}").into_bytes());
+    }
+    assert_eq!(get(&one.server.calls), 101);
+    assert_eq!(get(&two.server.calls), 101);
+    // Node 2 accepted node 1's connection; node 1 accepted only the knock.
+    assert_eq!(get(&two.server.stats.authenticated), 1);
+    assert_eq!(get(&two.server.stats.dialed_back), 0);
+    assert_eq!(get(&one.server.stats.authenticated), 1);
+    assert_eq!(get(&one.server.stats.dialed_back), 1);
+    let ports = [a1.port(), a2.port()];
+    until("the knock's socket to close", || {
+        sockets::established_to(&ports) == 1
+    })
+    .await;
+    assert_eq!(sockets::established_to(&[a2.port()]), 1, "node 1 dialed it");
+    // Still one after idle pings.
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert_eq!(sockets::established_to(&ports), 1);
+}
+
+/// Stops `node` (its server and its connections) and starts node `id` afresh at `addr`.
+async fn restart(node: Node, id: u64, addr: SocketAddr, others: &[(u64, SocketAddr)]) -> Node {
+    node.server.kill().await;
+    drop(node.peers);
+    Node::start(id, TcpListener::bind(addr).await.unwrap(), others)
+}
+
+/// Calls until answered, through the errors of a peer that is reconnecting.
+async fn answered(from: &Node, to: u64, body: &str) -> Vec<u8> {
+    for _ in 0..100 {
+        match from.call(to, body).await {
+            Ok(r) => return r,
+            Err(PeerError::Unreachable { .. } | PeerError::ConnectionLost { .. }) => {
+                tokio::time::sleep(Duration::from_millis(20)).await
+            }
+            Err(e) => panic!("{e}"),
+        }
+    }
+    panic!("node {to} never answered");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn after_either_node_of_a_pair_restarts_calls_go_both_ways_on_one_new_connection() {
+    let ((l1, a1), (l2, a2)) = (bind().await, bind().await);
+    let ports = [a1.port(), a2.port()];
+    let mut one = Node::start(1, l1, &[(2, a2)]);
+    let mut two = Node::start(2, l2, &[(1, a1)]);
+    assert_eq!(one.call(2, "a").await.unwrap(), b"1:a");
+    assert_eq!(two.call(1, "b").await.unwrap(), b"2:b");
+    // The higher id restarts, and calls first: it knocks, node 1 drops the connection it
+    // held and dials the new node 2.
+    two = restart(two, 2, a2, &[(1, a1)]).await;
+    assert_eq!(answered(&two, 1, "c").await, b"2:c");
+    assert_eq!(answered(&one, 2, "d").await, b"1:d");
+    until("one connection", || sockets::established_to(&ports) == 1).await;
+    assert_eq!(get(&two.server.stats.authenticated), 1);
+    // The lower id restarts; node 2 calls first.
+    one = restart(one, 1, a1, &[(2, a2)]).await;
+    assert_eq!(answered(&two, 1, "e").await, b"2:e");
+    assert_eq!(answered(&one, 2, "f").await, b"1:f");
+    until("one connection", || sockets::established_to(&ports) == 1).await;
+    assert_eq!(get(&one.server.stats.dialed_back), 1);
+    // Node 2's handler answered "d" and "f", node 1's "e" (since its restart).
+    assert_eq!((get(&two.server.calls), get(&one.server.calls)), (2, 1));
 }

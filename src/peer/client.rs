@@ -1,24 +1,23 @@
-//! The dialing side: one lazily opened, authenticated connection per peer, shared by every
-//! call to that peer.
+//! Calling peers: one authenticated connection per peer, opened when first needed and shared
+//! by every call to that peer, and by the peer's calls to this node.
 //!
-//! Each peer has a slot whose state moves `Idle -> Connecting -> Up`, or on a failed connect
-//! `Connecting -> Backoff -> Idle` (calls meanwhile fail fast with the connect's error). A
-//! connection that dies is noticed by the next call, which reconnects at once. Each connection
-//! has one task that reads replies, writes queued frames in batches and pings; when it ends,
-//! every call still waiting on that connection gets `ConnectionLost`, exactly once: a waiting
-//! call's reply sender lives in the pending table, and whoever removes it (the reply, the
-//! connection's end, or the call giving up) is the only one who can use it.
+//! A pair's connection is dialed by its lower node id ([module docs](super), "Connections").
+//! Each peer has a slot. Toward a higher id its state moves `Idle -> Connecting -> Up`, or on
+//! a failed connect `Connecting -> Backoff -> Idle` (calls meanwhile fail fast with the
+//! connect's error). Toward a lower id, `Connecting` is a knock: a handshake the peer answers
+//! by dialing back (`Awaiting`, until that connection arrives through the peer server and the
+//! slot is `Up`). A connection that dies is noticed by the next call, which reconnects (or
+//! knocks) at once.
 
-use super::frame::{self, read_frame, Frame, FrameError, Kind, PREFIX};
-use super::handshake::{self, HandshakeError};
+use super::conn::{self, lock, Conn, End, Reply, ServingCell};
+use super::frame::{Frame, Kind, PREFIX};
+use super::handshake::{self, HandshakeError, Opened};
 use super::{NodeId, Nonces, PeerConfig, PeerError};
-use crate::net::{Connector, Stream};
+use crate::net::Connector;
 use std::collections::BTreeMap;
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard, RwLock};
+use std::sync::{Arc, Mutex, RwLock};
 use std::time::Duration;
-use tokio::io::{AsyncRead, BufReader};
-use tokio::sync::{mpsc, oneshot, watch};
+use tokio::sync::watch;
 use tracing::{debug, warn};
 
 /// The client side of the peer transport: call any peer by node id. Cheap to clone; clones
@@ -41,6 +40,9 @@ struct Inner<C> {
     nonces: Nonces,
     /// Ordered, so nothing observable depends on a hasher's seed.
     slots: RwLock<BTreeMap<NodeId, Arc<Slot>>>,
+    /// What answers the peers' requests on every connection: set while this node's peer
+    /// server stands ([`super::PeerServer::with_peers`]).
+    serving: ServingCell,
 }
 
 /// One peer's connection state.
@@ -59,113 +61,14 @@ enum State {
     Idle {
         failures: u32,
     },
-    /// A dial and handshake are under way.
+    /// A dial and handshake are under way (toward a lower id: a knock).
     Connecting,
+    /// The peer, the pair's lower id, said it dials this node back; calls wait for that
+    /// connection.
+    Awaiting,
     Up(Arc<Conn>),
     /// The last dial failed with this error; calls fail fast with it until the backoff ends.
     Backoff(PeerError),
-}
-
-/// A live connection as the callers see it.
-struct Conn {
-    /// Frames for the connection's writer. Closed once the connection's task has ended.
-    tx: mpsc::Sender<Frame>,
-    pending: Arc<Pending>,
-}
-
-type Reply = Result<Vec<u8>, PeerError>;
-
-/// Calls waiting for replies on one connection. `None` once the connection has ended, so no
-/// call can register on a connection that will never answer.
-struct Pending {
-    table: Mutex<Option<Table>>,
-    next_id: AtomicU64,
-}
-
-/// The waiting calls by id, each with whether it is bulk ([`PeerConfig::is_bulk`]), and how
-/// many are.
-#[derive(Default)]
-struct Table {
-    waiting: BTreeMap<u64, (oneshot::Sender<Reply>, bool)>,
-    bulk: usize,
-}
-
-impl Table {
-    fn remove(&mut self, id: u64) -> Option<oneshot::Sender<Reply>> {
-        let (waiter, bulk) = self.waiting.remove(&id)?;
-        self.bulk -= usize::from(bulk);
-        Some(waiter)
-    }
-}
-
-fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|e| e.into_inner())
-}
-
-impl Pending {
-    /// Registers a call: at most `limit` wait at once, and of them at most `bulk_limit`
-    /// bulk ones (`bulk_limit` is `Some` for a bulk call).
-    fn register(
-        self: &Arc<Self>,
-        peer: NodeId,
-        limit: usize,
-        bulk_limit: Option<usize>,
-    ) -> Result<(u64, oneshot::Receiver<Reply>, Waiting), PeerError> {
-        let mut table = lock(&self.table);
-        let Some(table) = table.as_mut() else {
-            return Err(PeerError::Unreachable {
-                peer,
-                reason: "the connection just closed".into(),
-            });
-        };
-        if table.waiting.len() >= limit {
-            return Err(PeerError::Overloaded { peer, limit });
-        }
-        if let Some(limit) = bulk_limit {
-            if table.bulk >= limit {
-                return Err(PeerError::Overloaded { peer, limit });
-            }
-        }
-        let id = self.next_id.fetch_add(1, Ordering::Relaxed);
-        let (tx, rx) = oneshot::channel();
-        table.waiting.insert(id, (tx, bulk_limit.is_some()));
-        table.bulk += usize::from(bulk_limit.is_some());
-        let waiting = Waiting {
-            pending: self.clone(),
-            id,
-        };
-        Ok((id, rx, waiting))
-    }
-
-    fn complete(&self, id: u64, reply: Reply) {
-        let waiter = lock(&self.table).as_mut().and_then(|t| t.remove(id));
-        // A reply for a call that gave up (timed out) finds nobody: dropped.
-        if let Some(w) = waiter {
-            let _ = w.send(reply);
-        }
-    }
-
-    /// The connection ended: fail every waiting call, in id order.
-    fn fail_all(&self, peer: NodeId) {
-        let table = lock(&self.table).take().unwrap_or_default();
-        for (_, (w, _)) in table.waiting {
-            let _ = w.send(Err(PeerError::ConnectionLost { peer }));
-        }
-    }
-}
-
-/// A call's entry in the pending table; removed when the call ends, however it ends.
-struct Waiting {
-    pending: Arc<Pending>,
-    id: u64,
-}
-
-impl Drop for Waiting {
-    fn drop(&mut self) {
-        if let Some(t) = lock(&self.pending.table).as_mut() {
-            t.remove(self.id);
-        }
-    }
 }
 
 impl<C: Connector> Peers<C> {
@@ -198,6 +101,7 @@ impl<C: Connector> Peers<C> {
                 connector,
                 nonces,
                 slots: RwLock::new(slots),
+                serving: ServingCell::default(),
             }),
         })
     }
@@ -278,42 +182,101 @@ impl<C: Connector> Peers<C> {
 
     /// The live connection to `to`, dialing if there is none.
     async fn connection(&self, to: NodeId) -> Result<Arc<Conn>, PeerError> {
-        let slot = self
-            .inner
-            .slots
-            .read()
-            .unwrap_or_else(|e| e.into_inner())
-            .get(&to)
-            .cloned()
-            .ok_or(PeerError::UnknownPeer(to))?;
+        let slot = self.slot(to).ok_or(PeerError::UnknownPeer(to))?;
         loop {
             let mut changed = {
                 let mut state = lock(&slot.state);
                 let dial = match &*state {
-                    State::Up(c) if !c.tx.is_closed() => return Ok(c.clone()),
+                    State::Up(c) if c.is_live() => return Ok(c.clone()),
                     // It died since the last call: reconnect at once.
                     State::Up(_) => Some(0),
                     State::Backoff(e) => return Err(e.clone()),
-                    State::Connecting => None,
+                    State::Connecting | State::Awaiting => None,
                     State::Idle { failures } => Some(*failures),
                 };
                 if let Some(failures) = dial {
                     *state = State::Connecting;
                     // A task of its own, so a short call's timeout does not abort the dial
                     // that later calls would use.
-                    tokio::spawn(dial_task(
-                        self.inner.cfg.clone(),
-                        self.inner.connector.clone(),
-                        self.inner.nonces.clone(),
-                        slot.clone(),
-                        failures,
-                    ));
+                    tokio::spawn(dial_task(self.inner.clone(), slot.clone(), failures));
                 }
                 // Subscribed under the state lock: the dial's end (which changes the state
                 // under the same lock) cannot slip between our look and our wait.
                 slot.changed.subscribe()
             };
             let _ = changed.changed().await;
+        }
+    }
+}
+
+/// What the peer server asks of the node's [`Peers`]: where its handler goes, whether it
+/// dials a knocking peer back, the dial back, and the connections lower ids dialed.
+pub(crate) trait Pair: Send + Sync {
+    fn serving(&self) -> &ServingCell;
+    /// Whether this node dials `from` back instead of taking the connection it dialed: it
+    /// is the pair's lower id and knows where `from` listens.
+    fn dials_back(&self, from: NodeId) -> bool;
+    /// `from` knocked: it has no connection to this node. A connection this node still
+    /// holds to it is stale (`from` restarted, or lost it): closed, and a new one dialed.
+    fn dial_back(&self, from: NodeId);
+    /// `from` dialed `conn`: this node's calls to it go there, if `from` is the pair's lower
+    /// id and a known peer.
+    fn accepted(&self, from: NodeId, conn: &Arc<Conn>);
+}
+
+impl<C: Connector> Peers<C> {
+    fn slot(&self, id: NodeId) -> Option<Arc<Slot>> {
+        self.inner
+            .slots
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .get(&id)
+            .cloned()
+    }
+}
+
+impl<C: Connector> Pair for Peers<C> {
+    fn serving(&self) -> &ServingCell {
+        &self.inner.serving
+    }
+
+    fn dials_back(&self, from: NodeId) -> bool {
+        self.inner.cfg.node_id < from && self.slot(from).is_some()
+    }
+
+    fn dial_back(&self, from: NodeId) {
+        let Some(slot) = self.slot(from) else { return };
+        {
+            let mut state = lock(&slot.state);
+            match &*state {
+                State::Connecting => return,
+                State::Up(c) => c.close(),
+                _ => {}
+            }
+            *state = State::Connecting;
+        }
+        slot.changed.send_modify(|n| *n = n.wrapping_add(1));
+        tokio::spawn(dial_task(self.inner.clone(), slot, 0));
+    }
+
+    fn accepted(&self, from: NodeId, conn: &Arc<Conn>) {
+        if from > self.inner.cfg.node_id {
+            return;
+        }
+        let Some(slot) = self.slot(from) else { return };
+        let mut old = None;
+        slot.replace(
+            |s| {
+                if let State::Up(c) = s {
+                    old = Some(c.clone());
+                }
+                true
+            },
+            State::Up(conn.clone()),
+        );
+        // `from` dials only when it holds no connection: the old one is dead to it.
+        if let Some(old) = old.filter(|c| !Arc::ptr_eq(c, conn)) {
+            old.close();
         }
     }
 }
@@ -328,36 +291,68 @@ impl Slot {
         })
     }
 
-    fn set(&self, state: State) {
-        *lock(&self.state) = state;
+    /// Sets the state if `now` holds of the current one, waking the calls waiting on it;
+    /// whether it did.
+    fn replace(&self, now: impl FnOnce(&State) -> bool, state: State) -> bool {
+        let mut current = lock(&self.state);
+        if !now(&current) {
+            return false;
+        }
+        *current = state;
+        drop(current);
         self.changed.send_modify(|n| *n = n.wrapping_add(1));
+        true
+    }
+
+    fn replace_connecting(&self, state: State) -> bool {
+        self.replace(|s| matches!(s, State::Connecting), state)
     }
 }
 
 /// Dials and authenticates; on failure holds the peer in backoff, then lets the next call
-/// retry.
-async fn dial_task<C: Connector>(
-    cfg: PeerConfig,
-    connector: C,
-    nonces: Nonces,
-    slot: Arc<Slot>,
-    failures: u32,
-) {
-    let peer = slot.peer;
-    match dial(&cfg, &connector, &nonces, &slot).await {
-        Ok(stream) => {
-            debug!(peer, addr = %slot.addr, "peer connection up");
-            slot.set(State::Up(spawn_connection(stream, peer, &cfg)));
+/// retry. Changes the slot only if it is still `Connecting`: a connection the peer dialed
+/// meanwhile (through the peer server) stands.
+async fn dial_task<C: Connector>(inner: Arc<Inner<C>>, slot: Arc<Slot>, failures: u32) {
+    let (peer, cfg) = (slot.peer, &inner.cfg);
+    match dial(cfg, &inner.connector, &inner.nonces, &slot).await {
+        Ok((stream, Opened::Ready)) => {
+            let (c, run) = conn::open(stream, peer, cfg, inner.serving.clone(), End::Dialer);
+            tokio::spawn(async move {
+                match run.await {
+                    Ok(()) => debug!(peer, "peer connection closed"),
+                    Err(e) => warn!(peer, error = %e, "peer connection lost"),
+                }
+            });
+            if slot.replace_connecting(State::Up(c.clone())) {
+                debug!(peer, addr = %slot.addr, "peer connection up");
+            } else {
+                c.close();
+            }
+        }
+        Ok((_, Opened::DialBack)) => {
+            debug!(peer, addr = %slot.addr, "peer dials back");
+            if slot.replace_connecting(State::Awaiting) {
+                // No connection arrived (the peer could not reach this node): the next call
+                // knocks again.
+                tokio::time::sleep(cfg.connect_timeout + cfg.handshake_timeout).await;
+                slot.replace(
+                    |s| matches!(s, State::Awaiting),
+                    State::Idle {
+                        failures: failures.saturating_add(1),
+                    },
+                );
+            }
         }
         Err(e) => {
             warn!(peer, addr = %slot.addr, error = %e, "peer connect failed");
-            slot.set(State::Backoff(e));
-            tokio::time::sleep(backoff(&cfg, &nonces, failures)).await;
-            let mut state = lock(&slot.state);
-            if matches!(*state, State::Backoff(_)) {
-                *state = State::Idle {
-                    failures: failures.saturating_add(1),
-                };
+            if slot.replace_connecting(State::Backoff(e)) {
+                tokio::time::sleep(backoff(cfg, &inner.nonces, failures)).await;
+                let mut state = lock(&slot.state);
+                if matches!(*state, State::Backoff(_)) {
+                    *state = State::Idle {
+                        failures: failures.saturating_add(1),
+                    };
+                }
             }
         }
     }
@@ -368,7 +363,7 @@ async fn dial<C: Connector>(
     connector: &C,
     nonces: &Nonces,
     slot: &Slot,
-) -> Result<C::Conn, PeerError> {
+) -> Result<(C::Conn, Opened), PeerError> {
     let peer = slot.peer;
     // Resolution counts against the connect timeout: a hung name service is an unreachable
     // peer like any other.
@@ -394,7 +389,7 @@ async fn dial<C: Connector>(
     };
     let shake = handshake::client(&mut stream, cfg, peer, nonces.nonce());
     match tokio::time::timeout(cfg.handshake_timeout, shake).await {
-        Ok(Ok(())) => Ok(stream),
+        Ok(Ok(opened)) => Ok((stream, opened)),
         Ok(Err(e)) => Err(match e {
             HandshakeError::Closed
             | HandshakeError::Version(_)
@@ -437,74 +432,4 @@ fn backoff(cfg: &PeerConfig, nonces: &Nonces, failures: u32) -> Duration {
     let half = base / 2;
     let jitter_ns = u64::try_from(half.as_nanos()).unwrap_or(u64::MAX).max(1);
     half + Duration::from_nanos(nonces.next_u64() % jitter_ns)
-}
-
-/// Starts the connection's task: reads replies, writes frames, pings.
-fn spawn_connection<S: Stream>(stream: S, peer: NodeId, cfg: &PeerConfig) -> Arc<Conn> {
-    let (rd, wr) = tokio::io::split(stream);
-    // Each call queues one frame after taking a pending slot, so this holds every call.
-    let (tx, rx) = mpsc::channel(cfg.max_in_flight + 16);
-    let pending = Arc::new(Pending {
-        table: Mutex::new(Some(Table::default())),
-        next_id: AtomicU64::new(1),
-    });
-    let (max, idle, every) = (cfg.max_frame, cfg.idle_timeout, cfg.ping_interval);
-    let weak = tx.downgrade();
-    let table = pending.clone();
-    tokio::spawn(async move {
-        let end = tokio::select! {
-            biased;
-            r = read_replies(BufReader::new(rd), &table, peer, max, idle) => r,
-            r = frame::write_loop(wr, rx, idle) => r.map_err(FrameError::Io),
-            () = ping(weak, every) => Ok(()),
-        };
-        match end {
-            Ok(()) => debug!(peer, "peer connection closed: no longer used"),
-            Err(e) => warn!(peer, error = %e, "peer connection lost"),
-        }
-        table.fail_all(peer);
-    });
-    Arc::new(Conn { tx, pending })
-}
-
-async fn read_replies<R: AsyncRead + Unpin>(
-    mut rd: R,
-    pending: &Pending,
-    peer: NodeId,
-    max: u32,
-    idle: Duration,
-) -> Result<(), FrameError> {
-    loop {
-        let f = read_frame(&mut rd, max, idle).await?;
-        let reply = match f.kind {
-            Kind::Pong => continue,
-            Kind::Response => Ok(f.body),
-            Kind::Error => Err(PeerError::Remote {
-                peer,
-                message: String::from_utf8_lossy(&f.body).into_owned(),
-            }),
-            Kind::Busy => Err(PeerError::Busy { peer }),
-            Kind::Request | Kind::Ping => {
-                return Err(FrameError::Malformed("a request sent to the dialing side"))
-            }
-        };
-        pending.complete(f.id, reply);
-    }
-}
-
-/// Pings until the connection is no longer used (every caller's sender gone).
-async fn ping(tx: mpsc::WeakSender<Frame>, every: Duration) {
-    let mut n = 0u64;
-    loop {
-        tokio::time::sleep(every).await;
-        let Some(tx) = tx.upgrade() else { return };
-        n += 1;
-        if tx
-            .send(Frame::new(Kind::Ping, n, Vec::new()))
-            .await
-            .is_err()
-        {
-            return;
-        }
-    }
 }

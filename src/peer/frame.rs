@@ -21,17 +21,17 @@ const BATCH: usize = 256 << 10;
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 #[repr(u8)]
 pub enum Kind {
-    /// A call; the body is the request. Dialer to acceptor only.
+    /// A call; the body is the request. Either way on a connection.
     Request = 0,
     /// The handler's reply to the request with the same id.
     Response = 1,
     /// The handler failed or timed out; the body is a UTF-8 message.
     Error = 2,
-    /// The acceptor refused the request with this id: too many already running.
+    /// The node that received the request with this id refused it: too many already run.
     Busy = 3,
     /// Liveness probe from the dialer; empty body.
     Ping = 4,
-    /// The acceptor's answer to a ping; empty body.
+    /// The answer to a ping; empty body.
     Pong = 5,
 }
 

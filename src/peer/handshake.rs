@@ -15,13 +15,15 @@ use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 
 /// Opens every handshake: "quorate peer".
 pub const MAGIC: [u8; 4] = *b"QRPR";
-/// The peer protocol version; both sides must speak the same one. 5: snapshots the log format
+/// The peer protocol version; both sides must speak the same one. 6: a connection carries
+/// calls both ways, and an acceptor may answer that it dials back ([`Opened::DialBack`]);
+/// 5: snapshots the log format
 /// 5, and a membership change's refusal (`raft::rpc::ChangeError`); 4: hellos carry the
 /// sender's data id ([`super::identity`]), and snapshots the log format 4; 3: refunds carry their
 /// admission's request id, and snapshots the log format 3 (`member::LOG_FORMAT`), which
 /// version 2 cannot decode; 2: log entries carry their parts' shard times (`Batch::later`),
 /// which version 1 cannot decode.
-pub const VERSION: u16 = 5;
+pub const VERSION: u16 = 6;
 /// Set in the version a member sends when its cluster places keys by hash slot (`sharding =
 /// "slots"`): members placing keys differently would decide one key in two groups, so they
 /// must not talk.
@@ -40,6 +42,19 @@ const ACCEPTED: u8 = 1;
 /// The server's last message instead: the proof was good, but the server knows the client's
 /// node id with another data directory.
 const DATA_REFUSED: u8 = 2;
+/// The server's last message instead: the proof was good, and the server (the pair's lower
+/// id) dials the client back for the pair's one connection; this one closes.
+const DIAL_BACK: u8 = 3;
+
+/// How an accepted handshake leaves the connection.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Opened {
+    /// It carries frames from now on.
+    Ready,
+    /// It closes: the acceptor dials the dialer back (a node pair's connection is dialed by
+    /// its lower id, [module docs](super)).
+    DialBack,
+}
 
 const SERVER_LABEL: &[u8] = b"quorate-server";
 const CLIENT_LABEL: &[u8] = b"quorate-client";
@@ -273,7 +288,7 @@ pub async fn client<S: AsyncRead + AsyncWrite + Unpin>(
     cfg: &PeerConfig,
     expected: NodeId,
     nonce_c: [u8; NONCE],
-) -> Result<(), HandshakeError> {
+) -> Result<Opened, HandshakeError> {
     s.write_all(&hello(cfg, &nonce_c)).await?;
     s.flush().await?;
     let mut their_mac = [0u8; MAC];
@@ -304,18 +319,22 @@ pub async fn client<S: AsyncRead + AsyncWrite + Unpin>(
     let mut ack = [0u8; 1];
     s.read_exact(&mut ack).await?;
     match ack[0] {
-        ACCEPTED => Ok(()),
+        ACCEPTED => Ok(Opened::Ready),
+        DIAL_BACK => Ok(Opened::DialBack),
         DATA_REFUSED => Err(HandshakeError::DataRefused(server.id)),
         _ => Err(HandshakeError::BadMagic),
     }
 }
 
-/// The acceptor's side: checks the dialer's id, proof and data id; returns the dialer's id.
+/// The acceptor's side: checks the dialer's id, proof and data id; returns the dialer's id
+/// and whether the connection goes on or closes for `dial_back` (asked with the
+/// authenticated dialer's id: whether this node dials it back instead).
 pub async fn server<S: AsyncRead + AsyncWrite + Unpin>(
     s: &mut S,
     cfg: &PeerConfig,
     nonce_s: [u8; NONCE],
-) -> Result<NodeId, HandshakeError> {
+    dial_back: impl FnOnce(NodeId) -> bool,
+) -> Result<(NodeId, Opened), HandshakeError> {
     let (version, client, nonce_c) = read_hello(s, &mut []).await?;
     check_version(cfg, version)?;
     if !cfg.accepts(client.id) {
@@ -356,9 +375,18 @@ pub async fn server<S: AsyncRead + AsyncWrite + Unpin>(
         }
         return Err(e);
     }
-    s.write_all(&[ACCEPTED]).await?;
+    let opened = if dial_back(client.id) {
+        Opened::DialBack
+    } else {
+        Opened::Ready
+    };
+    let ack = match opened {
+        Opened::Ready => ACCEPTED,
+        Opened::DialBack => DIAL_BACK,
+    };
+    s.write_all(&[ack]).await?;
     s.flush().await?;
-    Ok(client.id)
+    Ok((client.id, opened))
 }
 
 #[cfg(test)]
@@ -381,10 +409,13 @@ mod tests {
         let client = async move {
             let r = client(&mut a, &c, expected, [1; NONCE]).await;
             drop(a);
-            r
+            assert!(!matches!(r, Ok(Opened::DialBack)));
+            r.map(|_| ())
         };
         let server = async move {
-            let r = server(&mut b, &s, [2; NONCE]).await;
+            let r = server(&mut b, &s, [2; NONCE], |_| false)
+                .await
+                .map(|(id, _)| id);
             drop(b);
             r
         };
@@ -396,6 +427,18 @@ mod tests {
         let (c, s) = run(cfg(1, SECRET), 2, cfg(2, SECRET)).await;
         c.unwrap();
         assert_eq!(s.unwrap(), 1);
+    }
+
+    #[tokio::test]
+    async fn the_acceptor_can_answer_that_it_dials_back() {
+        let (mut a, mut b) = tokio::io::duplex(4096);
+        let (two, one) = (cfg(2, SECRET), cfg(1, SECRET));
+        let (c, s) = tokio::join!(
+            client(&mut a, &two, 1, [1; NONCE]),
+            server(&mut b, &one, [2; NONCE], |from| from == 2)
+        );
+        assert_eq!(c.unwrap(), Opened::DialBack);
+        assert_eq!(s.unwrap(), (2, Opened::DialBack));
     }
 
     #[tokio::test]
@@ -500,7 +543,9 @@ mod tests {
             a.read_exact(&mut ack).await
         };
         let (ack, s) = tokio::join!(attacker, async move {
-            let r = server(&mut b, &s_cfg, [3; NONCE]).await;
+            let r = server(&mut b, &s_cfg, [3; NONCE], |_| false)
+                .await
+                .map(|(id, _)| id);
             drop(b);
             r
         });
@@ -578,7 +623,7 @@ mod tests {
     async fn another_protocol_is_turned_away_after_the_magic() {
         let (mut a, mut b) = tokio::io::duplex(4096);
         a.write_all(b"GET / HTTP/1.1\r\n").await.unwrap();
-        let s = server(&mut b, &cfg(2, SECRET), [2; NONCE]).await;
+        let s = server(&mut b, &cfg(2, SECRET), [2; NONCE], |_| false).await;
         assert!(matches!(s, Err(HandshakeError::BadMagic)), "{s:?}");
     }
 }

@@ -5,11 +5,16 @@
 //! framing, multiplexing, authentication, timeouts, reconnects and bounds, and nothing else.
 //!
 //! # Connections
-//! Each node dials every peer it calls: a node pair has two connections, one per direction,
-//! each carrying calls one way only (the dialer asks, the acceptor answers). That keeps each
-//! side's state simple (one pending-reply table, one handler pool) and a connection's death
-//! affects only the calls of one direction. Many concurrent calls share the one connection:
-//! each request carries a correlation id and responses come back in any order.
+//! A node pair has one connection, which carries the calls of both nodes: many concurrent
+//! calls each way, each request with a correlation id (each side numbers its own calls) and
+//! the responses in any order. The pair's lower node id dials it; the higher id, needing a
+//! connection it does not have, knocks: it dials and authenticates, and the lower id answers
+//! [`handshake::Opened::DialBack`], closes that connection and dials the higher id back (a
+//! connection it still held to it is stale, the higher id having lost it: it is closed). So
+//! the two nodes never hold two connections at once, and who connects first does not
+//! matter. (A peer the acceptor does not know, or a server with no [`Peers`] attached
+//! ([`PeerServer::with_peers`]), gets its connection served as dialed: its calls answered,
+//! none sent back.) A connection's death fails the calls of both directions in flight on it.
 //!
 //! # Wire format
 //! After the handshake, both directions are a sequence of frames
@@ -28,7 +33,8 @@
 //!    `HMAC(secret, "quorate-client" | version | nonce_s | nonce_c | client_id | client_data |
 //!    server_id | server_data)`
 //! 4. server (after a constant-time check of the client's MAC, and of `client_data` as in 3):
-//!    one byte, `1`; or `2` if it knows `client_id` by another data id (then it closes).
+//!    one byte, `1`; or `2` if it knows `client_id` by another data id (then it closes); or
+//!    `3` if it dials the client back (the client knocked; then it closes, see above).
 //!
 //! `*_data` is the sender's data directory's id ([`identity`]): a member back under its id
 //! on another data directory has forgotten its votes, and is refused.
@@ -58,7 +64,7 @@
 //!   every slot with connections it never authenticates, and keep the peers out).
 //!
 //! When a connection dies, every call waiting on it fails exactly once with
-//! [`PeerError::ConnectionLost`]; the next call reconnects at once, and after a failed connect
+//! [`PeerError::ConnectionLost`]; the next call reconnects (or knocks) at once, and after a failed connect
 //! the peer is [`PeerError::Unreachable`] (failing fast) for a backoff that doubles up to
 //! [`PeerConfig::reconnect_backoff_max`].
 //!
@@ -68,6 +74,7 @@
 //! simulation replays the same run for the same seed.
 
 pub mod client;
+mod conn;
 pub mod frame;
 pub mod handshake;
 pub mod identity;
@@ -344,8 +351,10 @@ pub struct PeerStats {
     /// Accepted connections that failed the handshake (wrong secret, unknown or own id,
     /// garbage, timeout).
     pub handshake_failures: AtomicU64,
-    /// Connections that completed the handshake on the accepting side.
+    /// Connections that completed the handshake on the accepting side (knocks included).
     pub authenticated: AtomicU64,
+    /// Of those, knocks: a higher id with no connection to this node, dialed back.
+    pub dialed_back: AtomicU64,
     /// Connections closed for a protocol violation after the handshake (oversized or
     /// malformed frame, unexpected kind).
     pub protocol_errors: AtomicU64,

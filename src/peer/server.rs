@@ -1,39 +1,51 @@
-//! The accepting side: authenticate each connection, then run the handler for every request
-//! on it, concurrently and bounded, answering on the same connection in completion order.
+//! The accepting side: authenticate each connection, then run it ([`super::conn`]): the
+//! handler answers every request on it, concurrently and bounded, in completion order, and
+//! when the node's [`Peers`] are attached ([`PeerServer::with_peers`]) the node's own calls
+//! to the dialer go on it too, or the node dials the knocking peer back.
 
-use super::frame::{self, read_frame, Frame, FrameError, Kind};
-use super::{handshake, Handler, NodeId, Nonces, PeerConfig, PeerStats};
-use crate::net::{Listener, Stream};
-use futures::FutureExt;
+use super::client::Pair;
+use super::conn::{self, End, Serving, ServingCell};
+use super::frame::FrameError;
+use super::handshake::{self, Opened};
+use super::{Handler, Nonces, PeerConfig, PeerStats, Peers};
+use crate::net::{Connector, Listener, Stream};
 use std::collections::HashMap;
 use std::future::Future;
 use std::io;
 use std::net::{IpAddr, SocketAddr};
-use std::panic::AssertUnwindSafe;
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
-use tokio::io::BufReader;
-use tokio::sync::{mpsc, watch, OwnedSemaphorePermit, Semaphore};
+use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use tokio::task::JoinSet;
 use tracing::{debug, warn};
-
-/// Longest error message sent back to a caller; a handler's message is cut there.
-const MAX_ERROR: usize = 4096;
 
 /// A node's peer server: build it, keep its [`stats`](Self::stats), then [`serve`](Self::serve).
 pub struct PeerServer {
     cfg: PeerConfig,
-    handler: Handler,
     nonces: Nonces,
     stats: Arc<PeerStats>,
+    /// What answers requests, shared with the attached [`Peers`] (or this server's own).
+    serving: ServingCell,
+    pair: Option<Attached>,
+}
+
+/// The node's [`Peers`] while attached to its server; detached (the handler taken back,
+/// which may hold what holds the `Peers`) when the server is gone.
+struct Attached(Arc<dyn Pair>);
+
+impl Drop for Attached {
+    fn drop(&mut self) {
+        self.0.serving().store(None);
+    }
 }
 
 /// What every connection task shares.
 struct Shared {
     cfg: PeerConfig,
-    handler: Handler,
     nonces: Nonces,
     stats: Arc<PeerStats>,
+    serving: ServingCell,
+    pair: Option<Attached>,
     /// Connections still in the handshake, per source address (no entry: none).
     handshaking: Mutex<HashMap<IpAddr, usize>>,
 }
@@ -92,12 +104,31 @@ impl PeerServer {
     /// assert_eq!(quorate::peer::PeerStats::get(&server.stats().handled), 0);
     /// ```
     pub fn new(cfg: PeerConfig, handler: Handler, nonces: Nonces) -> Self {
+        let stats = Arc::<PeerStats>::default();
+        let serving = ServingCell::default();
+        serving.store(Some(Arc::new(Serving {
+            handler,
+            stats: stats.clone(),
+        })));
         PeerServer {
             cfg,
-            handler,
             nonces,
-            stats: Arc::default(),
+            stats,
+            serving,
+            pair: None,
         }
+    }
+
+    /// Makes this server and `peers` (the same node's) one end of each node pair's single
+    /// connection: the handler answers requests on the connections `peers` dial, the
+    /// connections lower ids dial here carry `peers`' calls to them, and a higher id's knock
+    /// is answered by dialing it back. Until the server is dropped or stops serving.
+    pub fn with_peers<C: Connector>(mut self, peers: &Peers<C>) -> Self {
+        let pair: Arc<dyn Pair> = Arc::new(peers.clone());
+        pair.serving().store(self.serving.load_full());
+        self.serving = pair.serving().clone();
+        self.pair = Some(Attached(pair));
+        self
     }
 
     /// The server's counters (handshake failures, requests handled, ...).
@@ -118,9 +149,10 @@ impl PeerServer {
         let slots = Arc::new(Semaphore::new(self.cfg.max_connections));
         let shared = Arc::new(Shared {
             cfg: self.cfg,
-            handler: self.handler,
             nonces: self.nonces,
             stats: self.stats,
+            serving: self.serving,
+            pair: self.pair,
             handshaking: Mutex::default(),
         });
         let mut conns = JoinSet::new();
@@ -185,14 +217,26 @@ async fn connection<S: Stream>(
 ) {
     let cfg = &sh.cfg;
     let nonce = sh.nonces.nonce();
+    let pair = sh.pair.as_ref().map(|p| &p.0);
+    let dial_back = |from| pair.is_some_and(|p| p.dials_back(from));
     let shook = tokio::time::timeout(
         cfg.handshake_timeout,
-        handshake::server(&mut stream, cfg, nonce),
+        handshake::server(&mut stream, cfg, nonce, dial_back),
     )
     .await;
     drop(place);
     let from = match shook {
-        Ok(Ok(from)) => from,
+        Ok(Ok((from, Opened::Ready))) => from,
+        Ok(Ok((from, Opened::DialBack))) => {
+            PeerStats::bump(&sh.stats.authenticated);
+            PeerStats::bump(&sh.stats.dialed_back);
+            debug!(%addr, from, "peer knocked: dialing it back");
+            drop(stream);
+            if let Some(p) = pair {
+                p.dial_back(from);
+            }
+            return;
+        }
         Ok(Err(e)) => {
             PeerStats::bump(&sh.stats.handshake_failures);
             warn!(%addr, error = %e, "peer handshake failed; connection closed");
@@ -207,142 +251,15 @@ async fn connection<S: Stream>(
     };
     PeerStats::bump(&sh.stats.authenticated);
     debug!(%addr, from, "peer connected");
-    let (rd, wr) = tokio::io::split(stream);
-    let (tx, rx) = mpsc::channel(cfg.max_concurrent_requests + 64);
-    // Dropped when this function returns: tells the connection's handlers to stop.
-    let (_closed_tx, closed) = watch::channel(());
-    let end = tokio::select! {
-        biased;
-        r = frame::write_loop(wr, rx, cfg.idle_timeout) => r.map_err(FrameError::Io),
-        r = read_requests(BufReader::new(rd), from, &sh, tx, closed) => r,
-    };
-    match end {
+    let (c, run) = conn::open(stream, from, cfg, sh.serving.clone(), End::Acceptor);
+    if let Some(p) = pair {
+        p.accepted(from, &c);
+    }
+    match run.await {
         Ok(()) | Err(FrameError::Closed) => debug!(%addr, from, "peer disconnected"),
         Err(e @ (FrameError::TooLarge { .. } | FrameError::Malformed(_))) => {
-            PeerStats::bump(&sh.stats.protocol_errors);
             warn!(%addr, from, error = %e, "peer broke the protocol; connection closed");
         }
         Err(e) => debug!(%addr, from, error = %e, "peer connection closed"),
     }
-}
-
-async fn read_requests<R: tokio::io::AsyncRead + Unpin>(
-    mut rd: R,
-    from: NodeId,
-    sh: &Arc<Shared>,
-    tx: mpsc::Sender<Frame>,
-    closed: watch::Receiver<()>,
-) -> Result<(), FrameError> {
-    let cfg = &sh.cfg;
-    let running = Arc::new(Semaphore::new(cfg.max_concurrent_requests));
-    // Bulk requests hold a permit of both: at most `max_bulk_requests` of them run, and the
-    // rest of `running` stays for the others.
-    let bulk = cfg
-        .is_bulk
-        .map(|_| Arc::new(Semaphore::new(cfg.max_bulk_requests)));
-    loop {
-        let f = read_frame(&mut rd, cfg.max_frame, cfg.idle_timeout).await?;
-        let reply = match f.kind {
-            Kind::Ping => Frame::new(Kind::Pong, f.id, Vec::new()),
-            Kind::Request => match permits(&f.body, cfg, &running, &bulk) {
-                Some(permit) => {
-                    PeerStats::bump(&sh.stats.handled);
-                    tokio::spawn(handle(
-                        f,
-                        from,
-                        sh.clone(),
-                        tx.clone(),
-                        closed.clone(),
-                        permit,
-                    ));
-                    continue;
-                }
-                None => {
-                    PeerStats::bump(&sh.stats.busy);
-                    Frame::new(Kind::Busy, f.id, Vec::new())
-                }
-            },
-            _ => return Err(FrameError::Malformed("a reply sent to the accepting side")),
-        };
-        if tx.send(reply).await.is_err() {
-            return Ok(());
-        }
-    }
-}
-
-/// The permits a request runs under: one of `running`, and for a bulk request one of
-/// `bulk` too (see [`PeerConfig::is_bulk`]). `None`: the connection has no room for it.
-fn permits(
-    body: &[u8],
-    cfg: &PeerConfig,
-    running: &Arc<Semaphore>,
-    bulk: &Option<Arc<Semaphore>>,
-) -> Option<Permits> {
-    let of_bulk = match (cfg.is_bulk, bulk) {
-        (Some(is_bulk), Some(bulk)) if is_bulk(body) => {
-            Some(bulk.clone().try_acquire_owned().ok()?)
-        }
-        _ => None,
-    };
-    Some((running.clone().try_acquire_owned().ok()?, of_bulk))
-}
-
-type Permits = (OwnedSemaphorePermit, Option<OwnedSemaphorePermit>);
-
-/// Runs the handler for one request, bounded in time, and queues its answer.
-async fn handle(
-    req: Frame,
-    from: NodeId,
-    sh: Arc<Shared>,
-    tx: mpsc::Sender<Frame>,
-    mut closed: watch::Receiver<()>,
-    _permits: Permits,
-) {
-    let (limit, max) = (sh.cfg.handler_timeout, sh.cfg.max_frame);
-    let handler = sh.handler.clone();
-    // Calling the handler inside the future puts a panic in its synchronous part under
-    // catch_unwind too.
-    let run = AssertUnwindSafe(async move { handler(from, req.body).await }).catch_unwind();
-    let outcome = tokio::select! {
-        biased;
-        // The connection is gone: nobody can receive the answer.
-        _ = closed.changed() => return,
-        r = tokio::time::timeout(limit, run) => r,
-    };
-    let reply = match outcome {
-        Ok(Ok(Ok(body))) if frame::PREFIX + body.len() <= max as usize => {
-            Frame::new(Kind::Response, req.id, body)
-        }
-        Ok(Ok(Ok(body))) => error(
-            req.id,
-            max,
-            format!(
-                "the reply of {} bytes exceeds max_frame ({max})",
-                body.len()
-            ),
-        ),
-        Ok(Ok(Err(msg))) => error(req.id, max, msg),
-        Ok(Err(_panic)) => {
-            warn!(from, "peer request handler panicked");
-            error(req.id, max, "the handler panicked".into())
-        }
-        Err(_) => error(
-            req.id,
-            max,
-            format!("the handler did not finish within {limit:?}"),
-        ),
-    };
-    let _ = tx.send(reply).await;
-}
-
-fn error(id: u64, max_frame: u32, mut msg: String) -> Frame {
-    let room = MAX_ERROR.min((max_frame as usize).saturating_sub(frame::PREFIX));
-    if msg.len() > room {
-        let mut cut = room;
-        while !msg.is_char_boundary(cut) {
-            cut -= 1;
-        }
-        msg.truncate(cut);
-    }
-    Frame::new(Kind::Error, id, msg.into_bytes())
 }
