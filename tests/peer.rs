@@ -97,9 +97,19 @@ impl Server {
 
     async fn start_on(addr: SocketAddr, cfg: PeerConfig) -> Server {
         let listener = TcpListener::bind(addr).await.unwrap();
+        Server::serve(listener, cfg, Nonces::from_seed([7; 32]), |s| s)
+    }
+
+    /// A server (made what `attach` makes of it) serving on `listener`, counting its calls.
+    fn serve(
+        listener: TcpListener,
+        cfg: PeerConfig,
+        nonces: Nonces,
+        attach: impl FnOnce(PeerServer) -> PeerServer,
+    ) -> Server {
         let addr = listener.local_addr().unwrap();
         let calls = Arc::new(AtomicU64::new(0));
-        let server = PeerServer::new(cfg, handler(calls.clone()), Nonces::from_seed([7; 32]));
+        let server = attach(PeerServer::new(cfg, handler(calls.clone()), nonces));
         let stats = server.stats();
         let (stop, stopped) = oneshot::channel::<()>();
         let task = tokio::spawn(server.serve(listener, async move {
@@ -664,7 +674,6 @@ struct Node {
 impl Node {
     /// Node `id` on `listener`, knowing `others` (id, peer address).
     fn start(id: u64, listener: TcpListener, others: &[(u64, SocketAddr)]) -> Node {
-        let addr = listener.local_addr().unwrap();
         let peers = Peers::new(
             cfg(id, SECRET),
             TcpConnector,
@@ -672,28 +681,9 @@ impl Node {
             Nonces::from_seed([id as u8; 32]),
         )
         .unwrap();
-        let calls = Arc::new(AtomicU64::new(0));
-        let server = PeerServer::new(
-            cfg(id, SECRET),
-            handler(calls.clone()),
-            Nonces::from_seed([id as u8 + 100; 32]),
-        )
-        .with_peers(&peers);
-        let stats = server.stats();
-        let (stop, stopped) = oneshot::channel::<()>();
-        let task = tokio::spawn(server.serve(listener, async move {
-            let _ = stopped.await;
-        }));
-        Node {
-            peers,
-            server: Server {
-                addr,
-                stats,
-                calls,
-                stop: Some(stop),
-                task,
-            },
-        }
+        let nonces = Nonces::from_seed([id as u8 + 100; 32]);
+        let server = Server::serve(listener, cfg(id, SECRET), nonces, |s| s.with_peers(&peers));
+        Node { peers, server }
     }
 
     async fn call(&self, to: u64, body: &str) -> Result<Vec<u8>, PeerError> {
