@@ -787,3 +787,54 @@ async fn after_either_node_of_a_pair_restarts_calls_go_both_ways_on_one_new_conn
     // Node 2's handler answered "d" and "f", node 1's "e" (since its restart).
     assert_eq!((get(&two.server.calls), get(&one.server.calls)), (2, 1));
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn calls_to_a_node_whose_server_is_not_up_are_refused_as_not_acted_on() {
+    let ((l1, a1), (l2, a2)) = (bind().await, bind().await);
+    let two = Node::start(2, l2, &[(1, a1)]);
+    // Node 1's Peers dial node 2 before node 1's server runs (a member's groups start
+    // before its server): node 2's calls on that connection are refused, not failed.
+    let peers = Peers::new(
+        cfg(1, SECRET),
+        TcpConnector,
+        [(2, a2)],
+        Nonces::from_seed([1; 32]),
+    )
+    .unwrap();
+    assert_eq!(
+        peers.call(2, b"x".to_vec(), LONG).await.unwrap(),
+        b"1:x".to_vec()
+    );
+    let r = two.call(1, "early").await;
+    assert_eq!(r, Err(PeerError::Busy { peer: 1 }));
+    // Its server up, the same connection answers.
+    let nonces = Nonces::from_seed([101; 32]);
+    let one = Node {
+        server: Server::serve(l1, cfg(1, SECRET), nonces, |s| s.with_peers(&peers)),
+        peers,
+    };
+    assert_eq!(two.call(1, "now").await.unwrap(), b"2:now");
+    assert_eq!(
+        get(&one.server.stats.authenticated),
+        0,
+        "no knock was needed"
+    );
+    // Its server stopped, that connection goes with it: node 2's calls find nobody (not
+    // a refusal from a node that is still there, nor a failure after acting).
+    one.server.kill().await;
+    let r = answered_or(&two, 1).await;
+    assert!(matches!(r, PeerError::Unreachable { .. }), "{r:?}");
+}
+
+/// The first error of a call that is not the loss of a connection (which a retry follows).
+async fn answered_or(from: &Node, to: u64) -> PeerError {
+    for _ in 0..100 {
+        match from.call(to, "x").await {
+            Err(PeerError::ConnectionLost { .. }) => {}
+            Err(e) => return e,
+            Ok(r) => panic!("answered: {r:?}"),
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    panic!("every call lost its connection");
+}

@@ -15,6 +15,7 @@ use super::handshake::{self, HandshakeError, Opened};
 use super::{NodeId, Nonces, PeerConfig, PeerError};
 use crate::net::Connector;
 use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
 use std::time::Duration;
 use tokio::sync::watch;
@@ -43,6 +44,8 @@ struct Inner<C> {
     /// What answers the peers' requests on every connection: set while this node's peer
     /// server stands ([`super::PeerServer::with_peers`]).
     serving: ServingCell,
+    /// Orders connections installed against knocks received ([`Pair::mark`]).
+    marks: AtomicU64,
 }
 
 /// One peer's connection state.
@@ -58,15 +61,14 @@ struct Slot {
 
 enum State {
     /// No connection; the next call dials. `failures` sets the backoff if that fails.
-    Idle {
-        failures: u32,
-    },
+    Idle { failures: u32 },
     /// A dial and handshake are under way (toward a lower id: a knock).
     Connecting,
     /// The peer, the pair's lower id, said it dials this node back; calls wait for that
-    /// connection.
-    Awaiting,
-    Up(Arc<Conn>),
+    /// connection. With the knock's mark, so that only its own timer ends the wait.
+    Awaiting(u64),
+    /// With the mark taken when it was installed ([`Pair::mark`]).
+    Up(Arc<Conn>, u64),
     /// The last dial failed with this error; calls fail fast with it until the backoff ends.
     Backoff(PeerError),
 }
@@ -102,6 +104,7 @@ impl<C: Connector> Peers<C> {
                 nonces,
                 slots: RwLock::new(slots),
                 serving: ServingCell::default(),
+                marks: AtomicU64::new(0),
             }),
         })
     }
@@ -187,11 +190,11 @@ impl<C: Connector> Peers<C> {
             let mut changed = {
                 let mut state = lock(&slot.state);
                 let dial = match &*state {
-                    State::Up(c) if c.is_live() => return Ok(c.clone()),
+                    State::Up(c, _) if c.is_live() => return Ok(c.clone()),
                     // It died since the last call: reconnect at once.
-                    State::Up(_) => Some(0),
+                    State::Up(..) => Some(0),
                     State::Backoff(e) => return Err(e.clone()),
-                    State::Connecting | State::Awaiting => None,
+                    State::Connecting | State::Awaiting(_) => None,
                     State::Idle { failures } => Some(*failures),
                 };
                 if let Some(failures) = dial {
@@ -213,18 +216,29 @@ impl<C: Connector> Peers<C> {
 /// dials a knocking peer back, the dial back, and the connections lower ids dialed.
 pub(crate) trait Pair: Send + Sync {
     fn serving(&self) -> &ServingCell;
+    /// The server stops: no handler answers any more, and every connection closes.
+    fn detach(&self);
+    /// The next mark of a sequence that orders, on this node, the installing of
+    /// connections and the accepting of knocks.
+    fn mark(&self) -> u64;
     /// Whether this node dials `from` back instead of taking the connection it dialed: it
     /// is the pair's lower id and knows where `from` listens.
     fn dials_back(&self, from: NodeId) -> bool;
-    /// `from` knocked: it has no connection to this node. A connection this node still
-    /// holds to it is stale (`from` restarted, or lost it): closed, and a new one dialed.
-    fn dial_back(&self, from: NodeId);
+    /// `from` knocked, in a connection accepted at mark `knocked_at`: it had no connection
+    /// to this node when it sent the knock. A connection this node installed before that is
+    /// stale (`from` restarted, or lost it): closed, and a new one dialed. One installed
+    /// since may have been made after the knock was sent: kept.
+    fn dial_back(&self, from: NodeId, knocked_at: u64);
     /// `from` dialed `conn`: this node's calls to it go there, if `from` is the pair's lower
     /// id and a known peer.
     fn accepted(&self, from: NodeId, conn: &Arc<Conn>);
 }
 
 impl<C: Connector> Peers<C> {
+    fn mark(&self) -> u64 {
+        self.inner.mark()
+    }
+
     fn slot(&self, id: NodeId) -> Option<Arc<Slot>> {
         self.inner
             .slots
@@ -235,22 +249,43 @@ impl<C: Connector> Peers<C> {
     }
 }
 
+impl<C> Inner<C> {
+    fn mark(&self) -> u64 {
+        self.marks.fetch_add(1, Ordering::Relaxed)
+    }
+}
+
 impl<C: Connector> Pair for Peers<C> {
     fn serving(&self) -> &ServingCell {
         &self.inner.serving
+    }
+
+    fn detach(&self) {
+        self.inner.serving.store(None);
+        let slots = self.inner.slots.read().unwrap_or_else(|e| e.into_inner());
+        for slot in slots.values() {
+            if let State::Up(c, _) = &*lock(&slot.state) {
+                c.close();
+            }
+        }
+    }
+
+    fn mark(&self) -> u64 {
+        Peers::mark(self)
     }
 
     fn dials_back(&self, from: NodeId) -> bool {
         self.inner.cfg.node_id < from && self.slot(from).is_some()
     }
 
-    fn dial_back(&self, from: NodeId) {
+    fn dial_back(&self, from: NodeId, knocked_at: u64) {
         let Some(slot) = self.slot(from) else { return };
         {
             let mut state = lock(&slot.state);
             match &*state {
                 State::Connecting => return,
-                State::Up(c) => c.close(),
+                State::Up(c, since) if c.is_live() && *since > knocked_at => return,
+                State::Up(c, _) => c.close(),
                 _ => {}
             }
             *state = State::Connecting;
@@ -267,12 +302,12 @@ impl<C: Connector> Pair for Peers<C> {
         let mut old = None;
         slot.replace(
             |s| {
-                if let State::Up(c) = s {
+                if let State::Up(c, _) = s {
                     old = Some(c.clone());
                 }
                 true
             },
-            State::Up(conn.clone()),
+            State::Up(conn.clone(), self.mark()),
         );
         // `from` dials only when it holds no connection: the old one is dead to it.
         if let Some(old) = old.filter(|c| !Arc::ptr_eq(c, conn)) {
@@ -323,7 +358,7 @@ async fn dial_task<C: Connector>(inner: Arc<Inner<C>>, slot: Arc<Slot>, failures
                     Err(e) => warn!(peer, error = %e, "peer connection lost"),
                 }
             });
-            if slot.replace_connecting(State::Up(c.clone())) {
+            if slot.replace_connecting(State::Up(c.clone(), inner.mark())) {
                 debug!(peer, addr = %slot.addr, "peer connection up");
             } else {
                 c.close();
@@ -331,12 +366,13 @@ async fn dial_task<C: Connector>(inner: Arc<Inner<C>>, slot: Arc<Slot>, failures
         }
         Ok((_, Opened::DialBack)) => {
             debug!(peer, addr = %slot.addr, "peer dials back");
-            if slot.replace_connecting(State::Awaiting) {
+            let knock = inner.mark();
+            if slot.replace_connecting(State::Awaiting(knock)) {
                 // No connection arrived (the peer could not reach this node): the next call
                 // knocks again.
                 tokio::time::sleep(cfg.connect_timeout + cfg.handshake_timeout).await;
                 slot.replace(
-                    |s| matches!(s, State::Awaiting),
+                    |s| matches!(s, State::Awaiting(k) if *k == knock),
                     State::Idle {
                         failures: failures.saturating_add(1),
                     },
@@ -432,4 +468,39 @@ fn backoff(cfg: &PeerConfig, nonces: &Nonces, failures: u32) -> Duration {
     let half = base / 2;
     let jitter_ns = u64::try_from(half.as_nanos()).unwrap_or(u64::MAX).max(1);
     half + Duration::from_nanos(nonces.next_u64() % jitter_ns)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::net::tcp::TcpConnector;
+
+    #[tokio::test]
+    async fn a_knock_keeps_a_connection_installed_since_it_was_accepted_and_ends_an_older_one() {
+        let cfg = PeerConfig::new(1, b"a cluster secret of 32 bytes....".to_vec());
+        let peers = Peers::new(
+            cfg.clone(),
+            TcpConnector,
+            [(2, "127.0.0.1:9")],
+            Nonces::from_seed([0; 32]),
+        )
+        .unwrap();
+        let slot = peers.slot(2).unwrap();
+        // A knock accepted, then a connection to node 2 installed (the dial back of an
+        // earlier knock, say): the knock may have been sent before node 2 had it.
+        let knocked_at = peers.mark();
+        let (ours, _theirs) = tokio::io::duplex(1024);
+        let (c, run) = conn::open(ours, 2, &cfg, peers.inner.serving.clone(), End::Dialer);
+        let task = tokio::spawn(run);
+        *lock(&slot.state) = State::Up(c.clone(), peers.mark());
+        Pair::dial_back(&peers, 2, knocked_at);
+        assert!(matches!(&*lock(&slot.state), State::Up(x, _) if Arc::ptr_eq(x, &c)));
+        assert!(c.is_live());
+        // A knock accepted after it was installed: node 2 had lost it.
+        let knocked_at = peers.mark();
+        Pair::dial_back(&peers, 2, knocked_at);
+        assert!(!matches!(&*lock(&slot.state), State::Up(..)));
+        task.await.unwrap().unwrap();
+        assert!(!c.is_live());
+    }
 }

@@ -174,7 +174,7 @@ impl Drop for Waiting {
 /// Opens a connection to `peer` on an authenticated stream: its handle, and the future that
 /// runs it until it ends (the dialer spawns it; the acceptor runs it in the server's task
 /// for the connection). Requests from the peer go to `serving`'s handler; while there is
-/// none they are answered with an error.
+/// none they are answered `Busy` (refused, not acted on).
 pub(crate) fn open<S: Stream>(
     stream: S,
     peer: NodeId,
@@ -280,11 +280,9 @@ impl Reader<'_> {
                 }
                 Kind::Ping => Frame::new(Kind::Pong, f.id, Vec::new()),
                 Kind::Request => match self.serving.load_full() {
-                    None => error(
-                        f.id,
-                        cfg.max_frame,
-                        "this node answers no requests (it runs no peer server)".into(),
-                    ),
+                    // No handler (the node's peer server has not started, or has stopped):
+                    // refused, so the caller knows it was not acted on.
+                    None => Frame::new(Kind::Busy, f.id, Vec::new()),
                     Some(serving) => match permits(&f.body, cfg, &running, &bulk) {
                         Some(permit) => {
                             let Some(tx) = self.tx.upgrade() else {

@@ -8,13 +8,22 @@
 //! A node pair has one connection, which carries the calls of both nodes: many concurrent
 //! calls each way, each request with a correlation id (each side numbers its own calls) and
 //! the responses in any order. The pair's lower node id dials it; the higher id, needing a
-//! connection it does not have, knocks: it dials and authenticates, and the lower id answers
-//! [`handshake::Opened::DialBack`], closes that connection and dials the higher id back (a
-//! connection it still held to it is stale, the higher id having lost it: it is closed). So
-//! the two nodes never hold two connections at once, and who connects first does not
-//! matter. (A peer the acceptor does not know, or a server with no [`Peers`] attached
-//! ([`PeerServer::with_peers`]), gets its connection served as dialed: its calls answered,
-//! none sent back.) A connection's death fails the calls of both directions in flight on it.
+//! connection it does not have, knocks: it dials and authenticates, and the lower id
+//! answers [`handshake::Opened::DialBack`], closes that connection and dials the higher id
+//! back. A connection the lower id installed before it accepted the knock is stale (the
+//! higher id, which knocks only without one, has lost it): it is closed. One installed
+//! since is kept (the knock may have been sent before it arrived), so a knock that crosses
+//! a dial back costs nothing. Who connects first does not matter, and once a pair is
+//! connected it holds one connection; two overlap only while one replaces the other.
+//! A connection's death fails the calls of both directions in flight on it.
+//!
+//! This needs each node's [`Peers`] attached to its server ([`PeerServer::with_peers`]), as
+//! every cluster member's are: the server answers requests on the connections the `Peers`
+//! dialed (`Busy` while no server is attached), and hands them the connections lower ids
+//! dial. A peer the acceptor does not know by id, or a server with no `Peers` attached,
+//! serves a connection as dialed (answers its calls, sends none back). While a higher id
+//! waits for a dial back that does not come (the lower id cannot reach it), its calls wait
+//! out their timeouts, and it knocks again after `connect_timeout + handshake_timeout`.
 //!
 //! # Wire format
 //! After the handshake, both directions are a sequence of frames
@@ -321,7 +330,8 @@ pub enum PeerError {
     Overloaded { peer: NodeId, limit: usize },
     #[error(
         "node {peer} refused the request: too many of this node's requests already run there \
-         (its max_concurrent_requests, or max_bulk_requests of the bulk ones)"
+         (its max_concurrent_requests, or max_bulk_requests of the bulk ones), or its peer \
+         server is starting or stopping"
     )]
     Busy { peer: NodeId },
     #[error("node {peer} failed the request: {message}")]

@@ -29,13 +29,14 @@ pub struct PeerServer {
     pair: Option<Attached>,
 }
 
-/// The node's [`Peers`] while attached to its server; detached (the handler taken back,
-/// which may hold what holds the `Peers`) when the server is gone.
+/// The node's [`Peers`] while attached to its server; detached when the server is gone:
+/// the handler taken back (it may hold what holds the `Peers`) and the connections the
+/// `Peers` dialed closed, as the server's own are.
 struct Attached(Arc<dyn Pair>);
 
 impl Drop for Attached {
     fn drop(&mut self) {
-        self.0.serving().store(None);
+        self.0.detach();
     }
 }
 
@@ -184,7 +185,10 @@ impl PeerServer {
                         warn!(%addr, "peer connection refused: max_connections are open");
                         continue;
                     };
-                    conns.spawn(connection(stream, addr, shared.clone(), slot, place));
+                    // Before its handshake: a knock in it is judged against the connections
+                    // installed before this point (`Pair::dial_back`).
+                    let accepted_at = shared.pair.as_ref().map_or(0, |p| p.0.mark());
+                    conns.spawn(connection(stream, addr, shared.clone(), slot, place, accepted_at));
                 }
             }
         }
@@ -214,6 +218,7 @@ async fn connection<S: Stream>(
     sh: Arc<Shared>,
     _slot: OwnedSemaphorePermit,
     place: Handshaking,
+    accepted_at: u64,
 ) {
     let cfg = &sh.cfg;
     let nonce = sh.nonces.nonce();
@@ -233,7 +238,7 @@ async fn connection<S: Stream>(
             debug!(%addr, from, "peer knocked: dialing it back");
             drop(stream);
             if let Some(p) = pair {
-                p.dial_back(from);
+                p.dial_back(from, accepted_at);
             }
             return;
         }
