@@ -13,8 +13,12 @@
 //! back. A connection the lower id installed before it accepted the knock is stale (the
 //! higher id, which knocks only without one, has lost it): it is closed. One installed
 //! since is kept (the knock may have been sent before it arrived), so a knock that crosses
-//! a dial back costs nothing. Who connects first does not matter, and once a pair is
-//! connected it holds one connection; two overlap only while one replaces the other.
+//! a dial back usually costs nothing. (Not always: the lower id installs its connection
+//! half a round trip after the higher id does, and may accept a knock late; a knock sent
+//! just before the higher id had the connection can then close it, and the lower id dials
+//! once more, failing the calls in flight on it.) Who connects first does not matter, and
+//! once a pair is connected it holds one connection; two overlap only while one replaces
+//! the other.
 //! A connection's death fails the calls of both directions in flight on it.
 //!
 //! This needs each node's [`Peers`] attached to its server ([`PeerServer::with_peers`]), as
