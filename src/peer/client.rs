@@ -235,10 +235,6 @@ pub(crate) trait Pair: Send + Sync {
 }
 
 impl<C: Connector> Peers<C> {
-    fn mark(&self) -> u64 {
-        self.inner.mark()
-    }
-
     fn slot(&self, id: NodeId) -> Option<Arc<Slot>> {
         self.inner
             .slots
@@ -271,7 +267,7 @@ impl<C: Connector> Pair for Peers<C> {
     }
 
     fn mark(&self) -> u64 {
-        Peers::mark(self)
+        self.inner.mark()
     }
 
     fn dials_back(&self, from: NodeId) -> bool {
@@ -307,7 +303,7 @@ impl<C: Connector> Pair for Peers<C> {
                 }
                 true
             },
-            State::Up(conn.clone(), self.mark()),
+            State::Up(conn.clone(), self.inner.mark()),
         );
         // `from` dials only when it holds no connection: the old one is dead to it.
         if let Some(old) = old.filter(|c| !Arc::ptr_eq(c, conn)) {
@@ -488,16 +484,16 @@ mod tests {
         let slot = peers.slot(2).unwrap();
         // A knock accepted, then a connection to node 2 installed (the dial back of an
         // earlier knock, say): the knock may have been sent before node 2 had it.
-        let knocked_at = peers.mark();
+        let knocked_at = peers.inner.mark();
         let (ours, _theirs) = tokio::io::duplex(1024);
         let (c, run) = conn::open(ours, 2, &cfg, peers.inner.serving.clone(), End::Dialer);
         let task = tokio::spawn(run);
-        *lock(&slot.state) = State::Up(c.clone(), peers.mark());
+        *lock(&slot.state) = State::Up(c.clone(), peers.inner.mark());
         Pair::dial_back(&peers, 2, knocked_at);
         assert!(matches!(&*lock(&slot.state), State::Up(x, _) if Arc::ptr_eq(x, &c)));
         assert!(c.is_live());
         // A knock accepted after it was installed: node 2 had lost it.
-        let knocked_at = peers.mark();
+        let knocked_at = peers.inner.mark();
         Pair::dial_back(&peers, 2, knocked_at);
         assert!(!matches!(&*lock(&slot.state), State::Up(..)));
         task.await.unwrap().unwrap();

@@ -220,6 +220,7 @@ pub(crate) fn open<S: Stream>(
             tx: weak.clone(),
             closed,
         };
+        // Bound, so the connection's futures are dropped before the guards above.
         let ended = tokio::select! {
             biased;
             () = close.notified() => Ok(()),

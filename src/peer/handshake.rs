@@ -375,14 +375,10 @@ pub async fn server<S: AsyncRead + AsyncWrite + Unpin>(
         }
         return Err(e);
     }
-    let opened = if dial_back(client.id) {
-        Opened::DialBack
+    let (opened, ack) = if dial_back(client.id) {
+        (Opened::DialBack, DIAL_BACK)
     } else {
-        Opened::Ready
-    };
-    let ack = match opened {
-        Opened::Ready => ACCEPTED,
-        Opened::DialBack => DIAL_BACK,
+        (Opened::Ready, ACCEPTED)
     };
     s.write_all(&[ack]).await?;
     s.flush().await?;
