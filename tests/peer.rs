@@ -327,7 +327,8 @@ async fn a_peer_without_the_secret_cannot_get_a_request_handled_by_guessing_the_
     // magic, version, id, data id, nonce, MAC.
     let mut reply = [0u8; 4 + 2 + 8 + 16 + 32 + 32];
     sock.read_exact(&mut reply).await.unwrap();
-    let mut attack = vec![0u8; 32];
+    // A proof of zeros (its MAC and its knock), then a frame.
+    let mut attack = vec![0u8; 32 + 8];
     Frame::new(Kind::Request, 1, b"x".to_vec()).encode_into(&mut attack);
     let _ = sock.write_all(&attack).await;
     let mut rest = Vec::new();
@@ -347,7 +348,7 @@ async fn a_peer_without_the_secret_cannot_get_a_request_handled_by_guessing_the_
 async fn an_oversized_frame_closes_its_connection_without_allocating_and_others_go_on() {
     let s = Server::start(cfg(SERVER, SECRET)).await;
     let mut sock = TcpConnector.connect(s.addr).await.unwrap();
-    handshake::client(&mut sock, &cfg(CLIENT, SECRET), SERVER, [3; 32])
+    handshake::client(&mut sock, &cfg(CLIENT, SECRET), SERVER, [3; 32], 0)
         .await
         .unwrap();
     sock.write_all(&u32::MAX.to_be_bytes()).await.unwrap();
@@ -771,8 +772,9 @@ async fn after_either_node_of_a_pair_restarts_calls_go_both_ways_on_one_new_conn
     let mut two = Node::start(2, l2, &[(1, a1)]);
     assert_eq!(one.call(2, "a").await.unwrap(), b"1:a");
     assert_eq!(two.call(1, "b").await.unwrap(), b"2:b");
-    // The higher id restarts, and calls first: it knocks, node 1 drops the connection it
-    // held and dials the new node 2.
+    // The higher id restarts, and calls first: it knocks (naming no connection: it has
+    // taken none), and node 1, whose connection to the old node 2 ended with it, dials the
+    // new one.
     two = restart(two, 2, a2, &[(1, a1)]).await;
     assert_eq!(answered(&two, 1, "c").await, b"2:c");
     assert_eq!(answered(&one, 2, "d").await, b"1:d");

@@ -11,7 +11,7 @@
 
 use super::conn::{self, lock, Conn, End, Reply, ServingCell};
 use super::frame::{Frame, Kind, PREFIX};
-use super::handshake::{self, HandshakeError, Opened};
+use super::handshake::{self, HandshakeError, Knock, Opened, KNOCK_STALE};
 use super::{NodeId, Nonces, PeerConfig, PeerError};
 use crate::net::Connector;
 use std::collections::BTreeMap;
@@ -44,8 +44,8 @@ struct Inner<C> {
     /// What answers the peers' requests on every connection: set while this node's peer
     /// server stands ([`super::PeerServer::with_peers`]).
     serving: ServingCell,
-    /// Orders connections installed against knocks received ([`Pair::mark`]).
-    marks: AtomicU64,
+    /// Numbers knocks, so that only a knock's own timer ends its wait.
+    knocks: AtomicU64,
 }
 
 /// One peer's connection state.
@@ -57,18 +57,22 @@ struct Slot {
     state: Mutex<State>,
     /// Bumped whenever a connect attempt ends, waking the calls that wait for it.
     changed: watch::Sender<u64>,
+    /// Toward a lower id: what this node's next knock says ([`Knock`]): the id of the last
+    /// connection it took from the peer, or [`KNOCK_STALE`] after a knock went unanswered.
+    seen: AtomicU64,
 }
 
 enum State {
     /// No connection; the next call dials. `failures` sets the backoff if that fails.
-    Idle { failures: u32 },
+    Idle {
+        failures: u32,
+    },
     /// A dial and handshake are under way (toward a lower id: a knock).
     Connecting,
     /// The peer, the pair's lower id, said it dials this node back; calls wait for that
-    /// connection. With the knock's mark, so that only its own timer ends the wait.
+    /// connection. With the knock's number, so that only its own timer ends the wait.
     Awaiting(u64),
-    /// With the mark taken when it was installed ([`Pair::mark`]).
-    Up(Arc<Conn>, u64),
+    Up(Arc<Conn>),
     /// The last dial failed with this error; calls fail fast with it until the backoff ends.
     Backoff(PeerError),
 }
@@ -104,7 +108,7 @@ impl<C: Connector> Peers<C> {
                 nonces,
                 slots: RwLock::new(slots),
                 serving: ServingCell::default(),
-                marks: AtomicU64::new(0),
+                knocks: AtomicU64::new(0),
             }),
         })
     }
@@ -113,10 +117,17 @@ impl<C: Connector> Peers<C> {
     pub fn set_peer(&self, id: NodeId, addr: impl ToString) {
         let addr = addr.to_string();
         let mut slots = self.inner.slots.write().unwrap_or_else(|e| e.into_inner());
-        if slots.get(&id).is_some_and(|s| s.addr == addr) {
-            return;
+        let slot = Slot::new(id, addr);
+        if let Some(old) = slots.get(&id) {
+            if old.addr == slot.addr {
+                return;
+            }
+            // The connection this node took from the peer stays its last, whatever the
+            // address this node dials it at (what its next knock names).
+            slot.seen
+                .store(old.seen.load(Ordering::Relaxed), Ordering::Relaxed);
         }
-        slots.insert(id, Slot::new(id, addr));
+        slots.insert(id, slot);
     }
 
     /// Forgets a peer; later calls to it fail with [`PeerError::UnknownPeer`].
@@ -190,7 +201,7 @@ impl<C: Connector> Peers<C> {
             let mut changed = {
                 let mut state = lock(&slot.state);
                 let dial = match &*state {
-                    State::Up(c, _) if c.is_live() => return Ok(c.clone()),
+                    State::Up(c) if c.is_live() => return Ok(c.clone()),
                     // It died since the last call: reconnect at once.
                     State::Up(..) => Some(0),
                     State::Backoff(e) => return Err(e.clone()),
@@ -218,17 +229,14 @@ pub(crate) trait Pair: Send + Sync {
     fn serving(&self) -> &ServingCell;
     /// The server stops: no handler answers any more, and every connection closes.
     fn detach(&self);
-    /// The next mark of a sequence that orders, on this node, the installing of
-    /// connections and the accepting of knocks.
-    fn mark(&self) -> u64;
     /// Whether this node dials `from` back instead of taking the connection it dialed: it
     /// is the pair's lower id and knows where `from` listens.
     fn dials_back(&self, from: NodeId) -> bool;
-    /// `from` knocked, in a connection accepted at mark `knocked_at`: it had no connection
-    /// to this node when it sent the knock. A connection this node installed before that is
-    /// stale (`from` restarted, or lost it): closed, and a new one dialed. One installed
-    /// since may have been made after the knock was sent: kept.
-    fn dial_back(&self, from: NodeId, knocked_at: u64);
+    /// `from` knocked, saying `seen` ([`Knock`]): it had no live connection to this node
+    /// when it sent the knock. This node's connection to it is stale if `from` took it
+    /// (then `from` lost it): closed, and a new one dialed. One `from` has not taken yet
+    /// was dialed after the knock was sent (it crossed the knock): kept, `from` takes it.
+    fn dial_back(&self, from: NodeId, seen: Knock);
     /// `from` dialed `conn`: this node's calls to it go there, if `from` is the pair's lower
     /// id and a known peer.
     fn accepted(&self, from: NodeId, conn: &Arc<Conn>);
@@ -245,12 +253,6 @@ impl<C: Connector> Peers<C> {
     }
 }
 
-impl<C> Inner<C> {
-    fn mark(&self) -> u64 {
-        self.marks.fetch_add(1, Ordering::Relaxed)
-    }
-}
-
 impl<C: Connector> Pair for Peers<C> {
     fn serving(&self) -> &ServingCell {
         &self.inner.serving
@@ -260,34 +262,57 @@ impl<C: Connector> Pair for Peers<C> {
         self.inner.serving.store(None);
         let slots = self.inner.slots.read().unwrap_or_else(|e| e.into_inner());
         for slot in slots.values() {
-            if let State::Up(c, _) = &*lock(&slot.state) {
+            if let State::Up(c) = &*lock(&slot.state) {
                 c.close();
             }
         }
-    }
-
-    fn mark(&self) -> u64 {
-        self.inner.mark()
     }
 
     fn dials_back(&self, from: NodeId) -> bool {
         self.inner.cfg.node_id < from && self.slot(from).is_some()
     }
 
-    fn dial_back(&self, from: NodeId, knocked_at: u64) {
+    fn dial_back(&self, from: NodeId, seen: Knock) {
         let Some(slot) = self.slot(from) else { return };
-        {
+        let kept = {
             let mut state = lock(&slot.state);
-            match &*state {
+            let kept = match &*state {
                 State::Connecting => return,
-                State::Up(c, since) if c.is_live() && *since > knocked_at => return,
-                State::Up(c, _) => c.close(),
-                _ => {}
+                State::Up(c) if c.is_live() && seen != KNOCK_STALE && c.id != seen => {
+                    Some(c.clone())
+                }
+                State::Up(c) => {
+                    c.close();
+                    None
+                }
+                _ => None,
+            };
+            if kept.is_none() {
+                *state = State::Connecting;
             }
-            *state = State::Connecting;
-        }
-        slot.changed.send_modify(|n| *n = n.wrapping_add(1));
-        tokio::spawn(dial_task(self.inner.clone(), slot, 0));
+            kept
+        };
+        let Some(kept) = kept else {
+            slot.changed.send_modify(|n| *n = n.wrapping_add(1));
+            tokio::spawn(dial_task(self.inner.clone(), slot, 0));
+            return;
+        };
+        // Kept: it crossed the knock, or it leads to a process of `from` that is gone
+        // without a word (restarted behind a partition, which kept the close from arriving).
+        // A ping tells them apart (the restarted host answers it with a reset), and a kept
+        // connection that ends within the handshake timeout is replaced at once.
+        let _ = kept.tx.try_send(Frame::new(Kind::Ping, 0, Vec::new()));
+        let inner = self.inner.clone();
+        tokio::spawn(async move {
+            let wait = inner.cfg.handshake_timeout;
+            if tokio::time::timeout(wait, kept.tx.closed()).await.is_err() {
+                return;
+            }
+            let ours = |s: &State| matches!(s, State::Up(c) if Arc::ptr_eq(c, &kept));
+            if slot.replace(ours, State::Connecting) {
+                dial_task(inner, slot, 0).await;
+            }
+        });
     }
 
     fn accepted(&self, from: NodeId, conn: &Arc<Conn>) {
@@ -298,12 +323,15 @@ impl<C: Connector> Pair for Peers<C> {
         let mut old = None;
         slot.replace(
             |s| {
-                if let State::Up(c, _) = s {
+                if let State::Up(c) = s {
                     old = Some(c.clone());
                 }
+                // Under the state lock, as the store of a knock gone unanswered: the last
+                // to change the state says what the next knock names.
+                slot.seen.store(conn.id, Ordering::Relaxed);
                 true
             },
-            State::Up(conn.clone(), self.inner.mark()),
+            State::Up(conn.clone()),
         );
         // `from` dials only when it holds no connection: the old one is dead to it.
         if let Some(old) = old.filter(|c| !Arc::ptr_eq(c, conn)) {
@@ -319,6 +347,7 @@ impl Slot {
             addr,
             state: Mutex::new(State::Idle { failures: 0 }),
             changed: watch::Sender::new(0),
+            seen: AtomicU64::new(0),
         })
     }
 
@@ -346,32 +375,40 @@ impl Slot {
 async fn dial_task<C: Connector>(inner: Arc<Inner<C>>, slot: Arc<Slot>, failures: u32) {
     let (peer, cfg) = (slot.peer, &inner.cfg);
     match dial(cfg, &inner.connector, &inner.nonces, &slot).await {
-        Ok((stream, Opened::Ready)) => {
-            let (c, run) = conn::open(stream, peer, cfg, inner.serving.clone(), End::Dialer);
+        Ok((stream, id, Opened::Ready)) => {
+            let (c, run) = conn::open(stream, id, peer, cfg, inner.serving.clone(), End::Dialer);
             tokio::spawn(async move {
                 match run.await {
                     Ok(()) => debug!(peer, "peer connection closed"),
                     Err(e) => warn!(peer, error = %e, "peer connection lost"),
                 }
             });
-            if slot.replace_connecting(State::Up(c.clone(), inner.mark())) {
+            if slot.replace_connecting(State::Up(c.clone())) {
                 debug!(peer, addr = %slot.addr, "peer connection up");
             } else {
                 c.close();
             }
         }
-        Ok((_, Opened::DialBack)) => {
+        Ok((_, _, Opened::DialBack)) => {
             debug!(peer, addr = %slot.addr, "peer dials back");
-            let knock = inner.mark();
+            let knock = inner.knocks.fetch_add(1, Ordering::Relaxed);
             if slot.replace_connecting(State::Awaiting(knock)) {
-                // No connection arrived (the peer could not reach this node): the next call
-                // knocks again.
+                // No connection arrived (the peer could not reach this node, or kept one
+                // this node never took): the next call knocks again, saying that whatever
+                // the peer holds is stale.
                 tokio::time::sleep(cfg.connect_timeout + cfg.handshake_timeout).await;
+                let idle = State::Idle {
+                    failures: failures.saturating_add(1),
+                };
                 slot.replace(
-                    |s| matches!(s, State::Awaiting(k) if *k == knock),
-                    State::Idle {
-                        failures: failures.saturating_add(1),
+                    |s| {
+                        let ours = matches!(s, State::Awaiting(k) if *k == knock);
+                        if ours {
+                            slot.seen.store(KNOCK_STALE, Ordering::Relaxed);
+                        }
+                        ours
                     },
+                    idle,
                 );
             }
         }
@@ -390,12 +427,14 @@ async fn dial_task<C: Connector>(inner: Arc<Inner<C>>, slot: Arc<Slot>, failures
     }
 }
 
+/// Dials and authenticates: the stream, its connection id, and how the handshake left it.
+/// Toward a lower id the handshake is a knock, saying what [`Slot::seen`] holds.
 async fn dial<C: Connector>(
     cfg: &PeerConfig,
     connector: &C,
     nonces: &Nonces,
     slot: &Slot,
-) -> Result<(C::Conn, Opened), PeerError> {
+) -> Result<(C::Conn, u64, Opened), PeerError> {
     let peer = slot.peer;
     // Resolution counts against the connect timeout: a hung name service is an unreachable
     // peer like any other.
@@ -419,9 +458,15 @@ async fn dial<C: Connector>(
             })
         }
     };
-    let shake = handshake::client(&mut stream, cfg, peer, nonces.nonce());
+    let nonce = nonces.nonce();
+    let seen = if peer < cfg.node_id {
+        slot.seen.load(Ordering::Relaxed)
+    } else {
+        0
+    };
+    let shake = handshake::client(&mut stream, cfg, peer, nonce, seen);
     match tokio::time::timeout(cfg.handshake_timeout, shake).await {
-        Ok(Ok(opened)) => Ok((stream, opened)),
+        Ok(Ok(opened)) => Ok((stream, handshake::conn_id(&nonce), opened)),
         Ok(Err(e)) => Err(match e {
             HandshakeError::Closed
             | HandshakeError::Version(_)
@@ -472,7 +517,7 @@ mod tests {
     use crate::net::tcp::TcpConnector;
 
     #[tokio::test]
-    async fn a_knock_keeps_a_connection_installed_since_it_was_accepted_and_ends_an_older_one() {
+    async fn a_knock_keeps_a_connection_the_knocker_has_not_taken_and_ends_one_it_has() {
         let cfg = PeerConfig::new(1, b"a cluster secret of 32 bytes....".to_vec());
         let peers = Peers::new(
             cfg.clone(),
@@ -482,21 +527,139 @@ mod tests {
         )
         .unwrap();
         let slot = peers.slot(2).unwrap();
-        // A knock accepted, then a connection to node 2 installed (the dial back of an
-        // earlier knock, say): the knock may have been sent before node 2 had it.
-        let knocked_at = peers.inner.mark();
         let (ours, _theirs) = tokio::io::duplex(1024);
-        let (c, run) = conn::open(ours, 2, &cfg, peers.inner.serving.clone(), End::Dialer);
+        let (c, run) = conn::open(ours, 7, 2, &cfg, peers.inner.serving.clone(), End::Dialer);
         let task = tokio::spawn(run);
-        *lock(&slot.state) = State::Up(c.clone(), peers.inner.mark());
-        Pair::dial_back(&peers, 2, knocked_at);
-        assert!(matches!(&*lock(&slot.state), State::Up(x, _) if Arc::ptr_eq(x, &c)));
-        assert!(c.is_live());
-        // A knock accepted after it was installed: node 2 had lost it.
-        let knocked_at = peers.inner.mark();
-        Pair::dial_back(&peers, 2, knocked_at);
+        *lock(&slot.state) = State::Up(c.clone());
+        // Node 2 knocks having taken connection 6 (an older one), or none: connection 7
+        // crossed the knock, and node 2 takes it when it arrives.
+        for seen in [6, 0] {
+            Pair::dial_back(&peers, 2, seen);
+            assert!(matches!(&*lock(&slot.state), State::Up(x) if Arc::ptr_eq(x, &c)));
+            assert!(c.is_live());
+        }
+        // Node 2 knocks having taken connection 7: it lost it.
+        Pair::dial_back(&peers, 2, 7);
         assert!(!matches!(&*lock(&slot.state), State::Up(..)));
         task.await.unwrap().unwrap();
         assert!(!c.is_live());
+        // After a knock that went unanswered, whatever this node holds is stale.
+        let (ours, _theirs) = tokio::io::duplex(1024);
+        let (c, run) = conn::open(ours, 8, 2, &cfg, peers.inner.serving.clone(), End::Dialer);
+        let task = tokio::spawn(run);
+        *lock(&slot.state) = State::Up(c.clone());
+        Pair::dial_back(&peers, 2, KNOCK_STALE);
+        assert!(!matches!(&*lock(&slot.state), State::Up(..)));
+        task.await.unwrap().unwrap();
+    }
+
+    #[tokio::test]
+    async fn a_kept_connection_that_ends_soon_after_the_knock_is_replaced_at_once() {
+        // No ping of the dialer's own in the test's time.
+        let cfg = PeerConfig {
+            ping_interval: Duration::from_secs(60),
+            idle_timeout: Duration::from_secs(120),
+            ..PeerConfig::new(1, b"a cluster secret of 32 bytes....".to_vec())
+        };
+        let peers = Peers::new(
+            cfg.clone(),
+            TcpConnector,
+            [(2, "127.0.0.1:9")],
+            Nonces::from_seed([0; 32]),
+        )
+        .unwrap();
+        let slot = peers.slot(2).unwrap();
+        let (ours, theirs) = tokio::io::duplex(1024);
+        let (c, run) = conn::open(ours, 7, 2, &cfg, peers.inner.serving.clone(), End::Dialer);
+        let task = tokio::spawn(run);
+        *lock(&slot.state) = State::Up(c.clone());
+        Pair::dial_back(&peers, 2, 6);
+        assert!(matches!(&*lock(&slot.state), State::Up(x) if Arc::ptr_eq(x, &c)));
+        // The kept connection was pinged (the frame's kind follows its 4-byte length).
+        let mut theirs = theirs;
+        let mut head = [0u8; 5];
+        tokio::io::AsyncReadExt::read_exact(&mut theirs, &mut head)
+            .await
+            .unwrap();
+        assert_eq!(head[4], Kind::Ping as u8);
+        // Its far end is gone (a restarted host reset it): node 1 dials node 2 at once,
+        // without waiting for a call of its own.
+        drop(theirs);
+        task.await.unwrap().ok();
+        let mut changed = slot.changed.subscribe();
+        tokio::time::timeout(Duration::from_secs(5), async {
+            while matches!(&*lock(&slot.state), State::Up(..)) {
+                changed.changed().await.unwrap();
+            }
+        })
+        .await
+        .expect("the slot still holds the dead connection");
+    }
+
+    #[tokio::test]
+    async fn a_knock_whose_dial_back_never_comes_makes_the_next_say_all_is_stale() {
+        use crate::net::tcp::TcpListener;
+        use crate::net::Listener;
+        let secret = b"a cluster secret of 32 bytes....".to_vec();
+        // Node 1 answers every knock that it dials back, and never does.
+        let mut listener = TcpListener::bind("127.0.0.1:0".parse().unwrap())
+            .await
+            .unwrap();
+        let addr = listener.local_addr().unwrap();
+        let one = PeerConfig::new(1, secret.clone());
+        tokio::spawn(async move {
+            while let Ok((mut sock, _)) = listener.accept().await {
+                let _ = handshake::server(&mut sock, &one, [1; 32], |_| true).await;
+            }
+        });
+        let cfg = PeerConfig {
+            connect_timeout: Duration::from_millis(100),
+            handshake_timeout: Duration::from_millis(100),
+            ..PeerConfig::new(2, secret)
+        };
+        let peers = Peers::new(cfg, TcpConnector, [(1, addr)], Nonces::from_seed([0; 32])).unwrap();
+        let slot = peers.slot(1).unwrap();
+        slot.seen.store(5, Ordering::Relaxed);
+        let e = peers
+            .call(1, b"x".to_vec(), Duration::from_millis(50))
+            .await;
+        assert!(matches!(e, Err(PeerError::Unreachable { .. })), "{e:?}");
+        assert!(matches!(&*lock(&slot.state), State::Awaiting(_)));
+        assert_eq!(slot.seen.load(Ordering::Relaxed), 5);
+        tokio::time::sleep(Duration::from_millis(400)).await;
+        assert!(matches!(&*lock(&slot.state), State::Idle { .. }));
+        assert_eq!(slot.seen.load(Ordering::Relaxed), KNOCK_STALE);
+    }
+
+    #[tokio::test]
+    async fn a_connection_taken_from_a_lower_id_is_what_the_next_knock_names() {
+        let cfg = PeerConfig::new(2, b"a cluster secret of 32 bytes....".to_vec());
+        let peers = Peers::new(
+            cfg.clone(),
+            TcpConnector,
+            [(1, "127.0.0.1:9"), (3, "127.0.0.1:9")],
+            Nonces::from_seed([0; 32]),
+        )
+        .unwrap();
+        let (ours, _theirs) = tokio::io::duplex(1024);
+        let (c, _run) = conn::open(ours, 5, 1, &cfg, peers.inner.serving.clone(), End::Acceptor);
+        Pair::accepted(&peers, 1, &c);
+        assert_eq!(peers.slot(1).unwrap().seen.load(Ordering::Relaxed), 5);
+        // A connection a higher id dialed is not this node's to take.
+        let (theirs, _) = tokio::io::duplex(1024);
+        let (c, _run) = conn::open(
+            theirs,
+            6,
+            3,
+            &cfg,
+            peers.inner.serving.clone(),
+            End::Acceptor,
+        );
+        Pair::accepted(&peers, 3, &c);
+        assert_eq!(peers.slot(3).unwrap().seen.load(Ordering::Relaxed), 0);
+        assert!(!matches!(
+            &*lock(&peers.slot(3).unwrap().state),
+            State::Up(..)
+        ));
     }
 }

@@ -51,6 +51,8 @@ pub(crate) enum End {
 
 /// A live connection as this node's callers see it.
 pub(crate) struct Conn {
+    /// Its id, the same on both ends ([`super::handshake::conn_id`]).
+    pub id: u64,
     /// Frames for the connection's writer. Closed once the connection's task has ended.
     pub tx: mpsc::Sender<Frame>,
     pub pending: Arc<Pending>,
@@ -171,12 +173,13 @@ impl Drop for Waiting {
     }
 }
 
-/// Opens a connection to `peer` on an authenticated stream: its handle, and the future that
+/// Opens connection `id` to `peer` on an authenticated stream: its handle, and the future that
 /// runs it until it ends (the dialer spawns it; the acceptor runs it in the server's task
 /// for the connection). Requests from the peer go to `serving`'s handler; while there is
 /// none they are answered `Busy` (refused, not acted on).
 pub(crate) fn open<S: Stream>(
     stream: S,
+    id: u64,
     peer: NodeId,
     cfg: &PeerConfig,
     serving: ServingCell,
@@ -195,6 +198,7 @@ pub(crate) fn open<S: Stream>(
     });
     let close = Arc::new(Notify::new());
     let conn = Arc::new(Conn {
+        id,
         tx: tx.clone(),
         pending: pending.clone(),
         close: close.clone(),

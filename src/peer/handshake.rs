@@ -15,7 +15,8 @@ use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 
 /// Opens every handshake: "quorate peer".
 pub const MAGIC: [u8; 4] = *b"QRPR";
-/// The peer protocol version; both sides must speak the same one. 6: a connection carries
+/// The peer protocol version; both sides must speak the same one. 7: the client's proof
+/// carries the connection it last took from the server ([`Knock`]); 6: a connection carries
 /// calls both ways, and an acceptor may answer that it dials back ([`Opened::DialBack`]);
 /// 5: snapshots the log format
 /// 5, and a membership change's refusal (`raft::rpc::ChangeError`); 4: hellos carry the
@@ -23,7 +24,7 @@ pub const MAGIC: [u8; 4] = *b"QRPR";
 /// admission's request id, and snapshots the log format 3 (`member::LOG_FORMAT`), which
 /// version 2 cannot decode; 2: log entries carry their parts' shard times (`Batch::later`),
 /// which version 1 cannot decode.
-pub const VERSION: u16 = 6;
+pub const VERSION: u16 = 7;
 /// Set in the version a member sends when its cluster places keys by hash slot (`sharding =
 /// "slots"`): members placing keys differently would decide one key in two groups, so they
 /// must not talk.
@@ -45,6 +46,32 @@ const DATA_REFUSED: u8 = 2;
 /// The server's last message instead: the proof was good, and the server (the pair's lower
 /// id) dials the client back for the pair's one connection; this one closes.
 const DIAL_BACK: u8 = 3;
+
+/// What a knock says about the connections the knocking node took from the one it knocks
+/// on: which one it took last, by its [`conn_id`], or that it holds none it can vouch for.
+/// The knocked-on node keeps a connection the knocker has not taken yet (it crossed the
+/// knock) and replaces one it has (the knocker lost it).
+pub type Knock = u64;
+/// The knocker's word that whatever the knocked-on node holds is stale (an earlier dial back
+/// never arrived).
+pub const KNOCK_STALE: Knock = u64::MAX;
+
+/// A connection's id, the same on both ends: the first 8 bytes of its dialer's nonce.
+pub fn conn_id(nonce_c: &[u8; NONCE]) -> u64 {
+    u64::from_be_bytes(nonce_c[..8].try_into().expect("8 bytes"))
+}
+
+/// An accepted handshake, on the acceptor's side.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Shook {
+    /// The dialer's node id.
+    pub from: NodeId,
+    pub opened: Opened,
+    /// The connection's [`conn_id`].
+    pub conn: u64,
+    /// The dialer's [`Knock`] (meaningful when `opened` is [`Opened::DialBack`]).
+    pub seen: Knock,
+}
 
 /// How an accepted handshake leaves the connection.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -173,7 +200,7 @@ pub fn server_mac(
     .into()
 }
 
-/// The client's proof (`version`: the version both sides sent).
+/// The client's proof (`version`: the version both sides sent), over its [`Knock`] too.
 pub fn client_mac(
     secret: &[u8],
     version: u16,
@@ -181,8 +208,24 @@ pub fn client_mac(
     nonce_s: &[u8; NONCE],
     client: Party,
     server: Party,
+    seen: Knock,
 ) -> [u8; MAC] {
-    keyed(
+    client_keyed(secret, version, nonce_c, nonce_s, client, server, seen)
+        .finalize()
+        .into_bytes()
+        .into()
+}
+
+fn client_keyed(
+    secret: &[u8],
+    version: u16,
+    nonce_c: &[u8; NONCE],
+    nonce_s: &[u8; NONCE],
+    client: Party,
+    server: Party,
+    seen: Knock,
+) -> HmacSha256 {
+    let mut m = keyed(
         secret,
         CLIENT_LABEL,
         version,
@@ -190,10 +233,9 @@ pub fn client_mac(
         nonce_c,
         client,
         server,
-    )
-    .finalize()
-    .into_bytes()
-    .into()
+    );
+    m.update(&seen.to_be_bytes());
+    m
 }
 
 /// Reads a hello: the magic alone first (a stranger is turned away after four bytes), then the
@@ -283,11 +325,13 @@ fn hello(cfg: &PeerConfig, nonce: &[u8; NONCE]) -> Vec<u8> {
 }
 
 /// The dialer's side: proves the secret to node `expected` and checks its proof and data id.
+/// `seen` is what a knock says ([`Knock`]); a dialer that does not knock sends anything (0).
 pub async fn client<S: AsyncRead + AsyncWrite + Unpin>(
     s: &mut S,
     cfg: &PeerConfig,
     expected: NodeId,
     nonce_c: [u8; NONCE],
+    seen: Knock,
 ) -> Result<Opened, HandshakeError> {
     s.write_all(&hello(cfg, &nonce_c)).await?;
     s.flush().await?;
@@ -313,7 +357,17 @@ pub async fn client<S: AsyncRead + AsyncWrite + Unpin>(
     .map_err(|_| HandshakeError::BadMac)?;
     // Authenticated: now its data id may be recorded, or found changed (then close).
     admit(cfg, server).await?;
-    let proof = client_mac(&cfg.secret, version, &nonce_c, &nonce_s, me(cfg), server);
+    let mut proof = [0u8; MAC + 8];
+    proof[..MAC].copy_from_slice(&client_mac(
+        &cfg.secret,
+        version,
+        &nonce_c,
+        &nonce_s,
+        me(cfg),
+        server,
+        seen,
+    ));
+    proof[MAC..].copy_from_slice(&seen.to_be_bytes());
     s.write_all(&proof).await?;
     s.flush().await?;
     let mut ack = [0u8; 1];
@@ -326,15 +380,15 @@ pub async fn client<S: AsyncRead + AsyncWrite + Unpin>(
     }
 }
 
-/// The acceptor's side: checks the dialer's id, proof and data id; returns the dialer's id
-/// and whether the connection goes on or closes for `dial_back` (asked with the
+/// The acceptor's side: checks the dialer's id, proof and data id; returns the dialer's id,
+/// its knock, and whether the connection goes on or closes for `dial_back` (asked with the
 /// authenticated dialer's id: whether this node dials it back instead).
 pub async fn server<S: AsyncRead + AsyncWrite + Unpin>(
     s: &mut S,
     cfg: &PeerConfig,
     nonce_s: [u8; NONCE],
     dial_back: impl FnOnce(NodeId) -> bool,
-) -> Result<(NodeId, Opened), HandshakeError> {
+) -> Result<Shook, HandshakeError> {
     let (version, client, nonce_c) = read_hello(s, &mut []).await?;
     check_version(cfg, version)?;
     if !cfg.accepts(client.id) {
@@ -351,19 +405,20 @@ pub async fn server<S: AsyncRead + AsyncWrite + Unpin>(
     ));
     s.write_all(&reply).await?;
     s.flush().await?;
-    let mut proof = [0u8; MAC];
+    let mut proof = [0u8; MAC + 8];
     s.read_exact(&mut proof).await?;
+    let seen = Knock::from_be_bytes(proof[MAC..].try_into().expect("8 bytes"));
     // Constant time: verify_slice compares without an early exit.
-    keyed(
+    client_keyed(
         &cfg.secret,
-        CLIENT_LABEL,
         version,
-        &nonce_s,
         &nonce_c,
+        &nonce_s,
         client,
         me(cfg),
+        seen,
     )
-    .verify_slice(&proof)
+    .verify_slice(&proof[..MAC])
     .map_err(|_| HandshakeError::BadMac)?;
     // Authenticated: now its data id may be recorded, or found changed (then say so, so that
     // the refused member's log names the fix, and close).
@@ -382,7 +437,12 @@ pub async fn server<S: AsyncRead + AsyncWrite + Unpin>(
     };
     s.write_all(&[ack]).await?;
     s.flush().await?;
-    Ok((client.id, opened))
+    Ok(Shook {
+        from: client.id,
+        opened,
+        conn: conn_id(&nonce_c),
+        seen,
+    })
 }
 
 #[cfg(test)]
@@ -403,7 +463,7 @@ mod tests {
     ) -> (Result<(), HandshakeError>, Result<NodeId, HandshakeError>) {
         let (mut a, mut b) = tokio::io::duplex(4096);
         let client = async move {
-            let r = client(&mut a, &c, expected, [1; NONCE]).await;
+            let r = client(&mut a, &c, expected, [1; NONCE], 0).await;
             drop(a);
             assert!(!matches!(r, Ok(Opened::DialBack)));
             r.map(|_| ())
@@ -411,7 +471,7 @@ mod tests {
         let server = async move {
             let r = server(&mut b, &s, [2; NONCE], |_| false)
                 .await
-                .map(|(id, _)| id);
+                .map(|s| s.from);
             drop(b);
             r
         };
@@ -430,11 +490,18 @@ mod tests {
         let (mut a, mut b) = tokio::io::duplex(4096);
         let (two, one) = (cfg(2, SECRET), cfg(1, SECRET));
         let (c, s) = tokio::join!(
-            client(&mut a, &two, 1, [1; NONCE]),
+            client(&mut a, &two, 1, [1; NONCE], 42),
             server(&mut b, &one, [2; NONCE], |from| from == 2)
         );
         assert_eq!(c.unwrap(), Opened::DialBack);
-        assert_eq!(s.unwrap(), (2, Opened::DialBack));
+        // With the knock, and the connection's id as the dialer knows it.
+        let shook = Shook {
+            from: 2,
+            opened: Opened::DialBack,
+            conn: conn_id(&[1; NONCE]),
+            seen: 42,
+        };
+        assert_eq!(s.unwrap(), shook);
     }
 
     #[tokio::test]
@@ -526,6 +593,7 @@ mod tests {
             &[2; NONCE],
             party(1),
             party(2),
+            0,
         );
         let (mut a, mut b) = tokio::io::duplex(4096);
         let attacker = async move {
@@ -535,13 +603,52 @@ mod tests {
             let mut reply = [0u8; SERVER_HELLO];
             a.read_exact(&mut reply).await.unwrap();
             a.write_all(&old).await.unwrap();
+            a.write_all(&0u64.to_be_bytes()).await.unwrap();
             let mut ack = [0u8; 1];
             a.read_exact(&mut ack).await
         };
         let (ack, s) = tokio::join!(attacker, async move {
             let r = server(&mut b, &s_cfg, [3; NONCE], |_| false)
                 .await
-                .map(|(id, _)| id);
+                .map(|s| s.from);
+            drop(b);
+            r
+        });
+        assert!(matches!(s, Err(HandshakeError::BadMac)), "{s:?}");
+        assert!(ack.is_err());
+    }
+
+    #[tokio::test]
+    async fn a_knock_rewritten_on_the_way_fails_the_proof() {
+        // The knock is under the client's MAC: an attacker on the path cannot turn a knock
+        // into one that closes the connection the knocker just took.
+        let (mut a, mut b) = tokio::io::duplex(4096);
+        let party = |id| Party { id, data: 0 };
+        let attacker = async move {
+            a.write_all(&hello(&cfg(2, SECRET), &[1; NONCE]))
+                .await
+                .unwrap();
+            let mut reply = [0u8; SERVER_HELLO];
+            a.read_exact(&mut reply).await.unwrap();
+            let nonce_s: [u8; NONCE] = reply[CLIENT_HELLO - NONCE..CLIENT_HELLO]
+                .try_into()
+                .unwrap();
+            let mac = client_mac(
+                SECRET,
+                VERSION,
+                &[1; NONCE],
+                &nonce_s,
+                party(2),
+                party(1),
+                7,
+            );
+            a.write_all(&mac).await.unwrap();
+            a.write_all(&8u64.to_be_bytes()).await.unwrap();
+            let mut ack = [0u8; 1];
+            a.read_exact(&mut ack).await
+        };
+        let (ack, s) = tokio::join!(attacker, async move {
+            let r = server(&mut b, &cfg(1, SECRET), [3; NONCE], |_| true).await;
             drop(b);
             r
         });

@@ -8,17 +8,22 @@
 //! A node pair has one connection, which carries the calls of both nodes: many concurrent
 //! calls each way, each request with a correlation id (each side numbers its own calls) and
 //! the responses in any order. The pair's lower node id dials it; the higher id, needing a
-//! connection it does not have, knocks: it dials and authenticates, and the lower id
-//! answers [`handshake::Opened::DialBack`], closes that connection and dials the higher id
-//! back. A connection the lower id installed before it accepted the knock is stale (the
-//! higher id, which knocks only without one, has lost it): it is closed. One installed
-//! since is kept (the knock may have been sent before it arrived), so a knock that crosses
-//! a dial back usually costs nothing. (Not always: the lower id installs its connection
-//! half a round trip after the higher id does, and may accept a knock late; a knock sent
-//! just before the higher id had the connection can then close it, and the lower id dials
-//! once more, failing the calls in flight on it.) Who connects first does not matter, and
-//! once a pair is connected it holds one connection; two overlap only while one replaces
-//! the other.
+//! connection it does not have, knocks: it dials and authenticates, the lower id answers
+//! [`handshake::Opened::DialBack`] and closes that connection, and the higher id waits for
+//! the lower id's. A knock names the last connection the higher id took from the lower one
+//! (both ends know a connection by the same id, [`handshake::conn_id`]). If the lower id
+//! holds none live, or that one, the higher id (which knocks only without a live
+//! connection) has lost it: the lower id closes it and dials back. If it holds another, that
+//! one was dialed after the higher id last took one and crossed the knock on the way (both
+//! nodes lost their connection and both reached for a new one): it is kept, and the higher
+//! id takes it when it arrives, so the crossing costs nothing. A kept connection is pinged,
+//! and dialed anew if it ends within `handshake_timeout`: it may lead to a process of the
+//! higher id that is gone (restarted without its close reaching the lower id; a restarted
+//! host resets the connection), and a higher id that just started names no connection. A
+//! knock whose dial back never came (after `connect_timeout + handshake_timeout`) is
+//! followed by one that says whatever the lower id holds is stale.
+//! Who connects first does not matter, and once a pair is connected it holds one
+//! connection; two overlap only while one replaces the other.
 //! A connection's death fails the calls of both directions in flight on it.
 //!
 //! This needs each node's [`Peers`] attached to its server ([`PeerServer::with_peers`]), as
@@ -44,7 +49,8 @@
 //! 3. client (after checking the server's MAC, that `server_id` is the node it meant to
 //!    reach, and that `server_data` is the data id it knows that node by, if any):
 //!    `HMAC(secret, "quorate-client" | version | nonce_s | nonce_c | client_id | client_data |
-//!    server_id | server_data)`
+//!    server_id | server_data | knock), knock` (`knock`, 8 bytes: see "Connections"; 0 from
+//!    a dialer that does not knock)
 //! 4. server (after a constant-time check of the client's MAC, and of `client_data` as in 3):
 //!    one byte, `1`; or `2` if it knows `client_id` by another data id (then it closes); or
 //!    `3` if it dials the client back (the client knocked; then it closes, see above).

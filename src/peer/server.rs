@@ -185,10 +185,7 @@ impl PeerServer {
                         warn!(%addr, "peer connection refused: max_connections are open");
                         continue;
                     };
-                    // Before its handshake: a knock in it is judged against the connections
-                    // installed before this point (`Pair::dial_back`).
-                    let accepted_at = shared.pair.as_ref().map_or(0, |p| p.0.mark());
-                    conns.spawn(connection(stream, addr, shared.clone(), slot, place, accepted_at));
+                    conns.spawn(connection(stream, addr, shared.clone(), slot, place));
                 }
             }
         }
@@ -218,7 +215,6 @@ async fn connection<S: Stream>(
     sh: Arc<Shared>,
     _slot: OwnedSemaphorePermit,
     place: Handshaking,
-    accepted_at: u64,
 ) {
     let cfg = &sh.cfg;
     let nonce = sh.nonces.nonce();
@@ -230,15 +226,16 @@ async fn connection<S: Stream>(
     )
     .await;
     drop(place);
-    let from = match shook {
-        Ok(Ok((from, Opened::Ready))) => from,
-        Ok(Ok((from, Opened::DialBack))) => {
+    let (from, id) = match shook {
+        Ok(Ok(s)) if s.opened == Opened::Ready => (s.from, s.conn),
+        Ok(Ok(s)) => {
+            let from = s.from;
             PeerStats::bump(&sh.stats.authenticated);
             PeerStats::bump(&sh.stats.dialed_back);
-            debug!(%addr, from, "peer knocked: dialing it back");
+            debug!(%addr, from, seen = s.seen, "peer knocked: dialing it back");
             drop(stream);
             if let Some(p) = pair {
-                p.dial_back(from, accepted_at);
+                p.dial_back(from, s.seen);
             }
             return;
         }
@@ -256,7 +253,7 @@ async fn connection<S: Stream>(
     };
     PeerStats::bump(&sh.stats.authenticated);
     debug!(%addr, from, "peer connected");
-    let (c, run) = conn::open(stream, from, cfg, sh.serving.clone(), End::Acceptor);
+    let (c, run) = conn::open(stream, id, from, cfg, sh.serving.clone(), End::Acceptor);
     if let Some(p) = pair {
         p.accepted(from, &c);
     }
