@@ -210,9 +210,18 @@ impl<C: Connector> Peers<C> {
                 };
                 if let Some(failures) = dial {
                     *state = State::Connecting;
+                    // Toward a lower id, the knock names what this node last took as it is
+                    // now, when it has none live: a connection taken while the knock is on
+                    // its way is one the knock must not close.
+                    let seen = if to < self.inner.cfg.node_id {
+                        slot.seen.load(Ordering::Relaxed)
+                    } else {
+                        0
+                    };
                     // A task of its own, so a short call's timeout does not abort the dial
                     // that later calls would use.
-                    tokio::spawn(dial_task(self.inner.clone(), slot.clone(), failures));
+                    let task = dial_task(self.inner.clone(), slot.clone(), failures, seen);
+                    tokio::spawn(task);
                 }
                 // Subscribed under the state lock: the dial's end (which changes the state
                 // under the same lock) cannot slip between our look and our wait.
@@ -294,7 +303,7 @@ impl<C: Connector> Pair for Peers<C> {
         };
         let Some(kept) = kept else {
             slot.changed.send_modify(|n| *n = n.wrapping_add(1));
-            tokio::spawn(dial_task(self.inner.clone(), slot, 0));
+            tokio::spawn(dial_task(self.inner.clone(), slot, 0, 0));
             return;
         };
         // Kept: it crossed the knock, or it leads to a process of `from` that is gone
@@ -310,7 +319,7 @@ impl<C: Connector> Pair for Peers<C> {
             }
             let ours = |s: &State| matches!(s, State::Up(c) if Arc::ptr_eq(c, &kept));
             if slot.replace(ours, State::Connecting) {
-                dial_task(inner, slot, 0).await;
+                dial_task(inner, slot, 0, 0).await;
             }
         });
     }
@@ -369,12 +378,17 @@ impl Slot {
     }
 }
 
-/// Dials and authenticates; on failure holds the peer in backoff, then lets the next call
-/// retry. Changes the slot only if it is still `Connecting`: a connection the peer dialed
-/// meanwhile (through the peer server) stands.
-async fn dial_task<C: Connector>(inner: Arc<Inner<C>>, slot: Arc<Slot>, failures: u32) {
+/// Dials and authenticates (toward a lower id: knocks, saying `seen`); on failure holds the
+/// peer in backoff, then lets the next call retry. Changes the slot only if it is still
+/// `Connecting`: a connection the peer dialed meanwhile (through the peer server) stands.
+async fn dial_task<C: Connector>(
+    inner: Arc<Inner<C>>,
+    slot: Arc<Slot>,
+    failures: u32,
+    seen: Knock,
+) {
     let (peer, cfg) = (slot.peer, &inner.cfg);
-    match dial(cfg, &inner.connector, &inner.nonces, &slot).await {
+    match dial(cfg, &inner.connector, &inner.nonces, &slot, seen).await {
         Ok((stream, id, Opened::Ready)) => {
             let (c, run) = conn::open(stream, id, peer, cfg, inner.serving.clone(), End::Dialer);
             tokio::spawn(async move {
@@ -428,12 +442,13 @@ async fn dial_task<C: Connector>(inner: Arc<Inner<C>>, slot: Arc<Slot>, failures
 }
 
 /// Dials and authenticates: the stream, its connection id, and how the handshake left it.
-/// Toward a lower id the handshake is a knock, saying what [`Slot::seen`] holds.
+/// Toward a lower id the handshake is a knock, saying `seen`.
 async fn dial<C: Connector>(
     cfg: &PeerConfig,
     connector: &C,
     nonces: &Nonces,
     slot: &Slot,
+    seen: Knock,
 ) -> Result<(C::Conn, u64, Opened), PeerError> {
     let peer = slot.peer;
     // Resolution counts against the connect timeout: a hung name service is an unreachable
@@ -459,11 +474,6 @@ async fn dial<C: Connector>(
         }
     };
     let nonce = nonces.nonce();
-    let seen = if peer < cfg.node_id {
-        slot.seen.load(Ordering::Relaxed)
-    } else {
-        0
-    };
     let shake = handshake::client(&mut stream, cfg, peer, nonce, seen);
     match tokio::time::timeout(cfg.handshake_timeout, shake).await {
         Ok(Ok(opened)) => Ok((stream, handshake::conn_id(&nonce), opened)),
@@ -629,6 +639,68 @@ mod tests {
         tokio::time::sleep(Duration::from_millis(400)).await;
         assert!(matches!(&*lock(&slot.state), State::Idle { .. }));
         assert_eq!(slot.seen.load(Ordering::Relaxed), KNOCK_STALE);
+    }
+
+    /// Connects only once let through.
+    #[derive(Clone)]
+    struct Gated(Arc<tokio::sync::Semaphore>);
+
+    impl Connector for Gated {
+        type Conn = <TcpConnector as Connector>::Conn;
+        async fn connect(&self, addr: std::net::SocketAddr) -> std::io::Result<Self::Conn> {
+            let _pass = self.0.acquire().await;
+            TcpConnector.connect(addr).await
+        }
+    }
+
+    #[tokio::test]
+    async fn a_knock_names_what_was_taken_when_it_began_not_what_came_on_its_way() {
+        use crate::net::tcp::TcpListener;
+        use crate::net::Listener;
+        let secret = b"a cluster secret of 32 bytes....".to_vec();
+        let mut listener = TcpListener::bind("127.0.0.1:0".parse().unwrap())
+            .await
+            .unwrap();
+        let addr = listener.local_addr().unwrap();
+        let one = PeerConfig::new(1, secret.clone());
+        let (knocks, mut knocked) = tokio::sync::mpsc::unbounded_channel();
+        tokio::spawn(async move {
+            while let Ok((mut sock, _)) = listener.accept().await {
+                if let Ok(s) = handshake::server(&mut sock, &one, [1; 32], |_| true).await {
+                    let _ = knocks.send(s.seen);
+                }
+            }
+        });
+        let gate = Arc::new(tokio::sync::Semaphore::new(0));
+        let cfg = PeerConfig::new(2, secret);
+        let peers = Peers::new(
+            cfg.clone(),
+            Gated(gate.clone()),
+            [(1, addr)],
+            Nonces::from_seed([0; 32]),
+        )
+        .unwrap();
+        let slot = peers.slot(1).unwrap();
+        // Node 2 last took connection 5, and it is gone: a call knocks.
+        slot.seen.store(5, Ordering::Relaxed);
+        let caller = peers.clone();
+        let call =
+            tokio::spawn(
+                async move { caller.call(1, b"x".to_vec(), Duration::from_secs(2)).await },
+            );
+        while !matches!(&*lock(&slot.state), State::Connecting) {
+            tokio::task::yield_now().await;
+        }
+        // Node 1's new connection 9 arrives while the knock is on its way (its dial back of
+        // an earlier knock, or its own dial): node 2 takes it, and calls go on it.
+        let (ours, _theirs) = tokio::io::duplex(1024);
+        let (c, _run) = conn::open(ours, 9, 1, &cfg, peers.inner.serving.clone(), End::Acceptor);
+        Pair::accepted(&peers, 1, &c);
+        gate.add_permits(1);
+        // The knock still names connection 5, so node 1 keeps connection 9.
+        assert_eq!(knocked.recv().await, Some(5));
+        assert!(matches!(&*lock(&slot.state), State::Up(x) if Arc::ptr_eq(x, &c)));
+        call.abort();
     }
 
     #[tokio::test]

@@ -11,7 +11,8 @@
 //! connection it does not have, knocks: it dials and authenticates, the lower id answers
 //! [`handshake::Opened::DialBack`] and closes that connection, and the higher id waits for
 //! the lower id's. A knock names the last connection the higher id took from the lower one
-//! (both ends know a connection by the same id, [`handshake::conn_id`]). If the lower id
+//! when the knock began (both ends know a connection by the same id,
+//! [`handshake::conn_id`]; one taken while the knock is on its way is not named). If the lower id
 //! holds none live, or that one, the higher id (which knocks only without a live
 //! connection) has lost it: the lower id closes it and dials back. If it holds another, that
 //! one was dialed after the higher id last took one and crossed the knock on the way (both
