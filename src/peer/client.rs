@@ -525,10 +525,24 @@ fn backoff(cfg: &PeerConfig, nonces: &Nonces, failures: u32) -> Duration {
 mod tests {
     use super::*;
     use crate::net::tcp::TcpConnector;
+    use tokio::io::DuplexStream;
+    use tokio::task::JoinHandle;
 
-    #[tokio::test]
-    async fn a_knock_keeps_a_connection_the_knocker_has_not_taken_and_ends_one_it_has() {
-        let cfg = PeerConfig::new(1, b"a cluster secret of 32 bytes....".to_vec());
+    const SECRET: &[u8] = b"a cluster secret of 32 bytes....";
+
+    /// Node 1 with peer 2, and its connection `id` to node 2 up in the slot: the node, the
+    /// slot, the connection, its task and node 2's end.
+    #[allow(clippy::type_complexity)]
+    fn node_1_up(
+        cfg: &PeerConfig,
+        id: u64,
+    ) -> (
+        Peers<TcpConnector>,
+        Arc<Slot>,
+        Arc<Conn>,
+        JoinHandle<Result<(), super::super::frame::FrameError>>,
+        DuplexStream,
+    ) {
         let peers = Peers::new(
             cfg.clone(),
             TcpConnector,
@@ -537,10 +551,17 @@ mod tests {
         )
         .unwrap();
         let slot = peers.slot(2).unwrap();
-        let (ours, _theirs) = tokio::io::duplex(1024);
-        let (c, run) = conn::open(ours, 7, 2, &cfg, peers.inner.serving.clone(), End::Dialer);
+        let (ours, theirs) = tokio::io::duplex(1024);
+        let (c, run) = conn::open(ours, id, 2, cfg, peers.inner.serving.clone(), End::Dialer);
         let task = tokio::spawn(run);
         *lock(&slot.state) = State::Up(c.clone());
+        (peers, slot, c, task, theirs)
+    }
+
+    #[tokio::test]
+    async fn a_knock_keeps_a_connection_the_knocker_has_not_taken_and_ends_one_it_has() {
+        let cfg = PeerConfig::new(1, SECRET.to_vec());
+        let (peers, slot, c, task, _theirs) = node_1_up(&cfg, 7);
         // Node 2 knocks having taken connection 6 (an older one), or none: connection 7
         // crossed the knock, and node 2 takes it when it arrives.
         for seen in [6, 0] {
@@ -554,10 +575,7 @@ mod tests {
         task.await.unwrap().unwrap();
         assert!(!c.is_live());
         // After a knock that went unanswered, whatever this node holds is stale.
-        let (ours, _theirs) = tokio::io::duplex(1024);
-        let (c, run) = conn::open(ours, 8, 2, &cfg, peers.inner.serving.clone(), End::Dialer);
-        let task = tokio::spawn(run);
-        *lock(&slot.state) = State::Up(c.clone());
+        let (peers, slot, _, task, _theirs) = node_1_up(&cfg, 8);
         Pair::dial_back(&peers, 2, KNOCK_STALE);
         assert!(!matches!(&*lock(&slot.state), State::Up(..)));
         task.await.unwrap().unwrap();
@@ -569,20 +587,9 @@ mod tests {
         let cfg = PeerConfig {
             ping_interval: Duration::from_secs(60),
             idle_timeout: Duration::from_secs(120),
-            ..PeerConfig::new(1, b"a cluster secret of 32 bytes....".to_vec())
+            ..PeerConfig::new(1, SECRET.to_vec())
         };
-        let peers = Peers::new(
-            cfg.clone(),
-            TcpConnector,
-            [(2, "127.0.0.1:9")],
-            Nonces::from_seed([0; 32]),
-        )
-        .unwrap();
-        let slot = peers.slot(2).unwrap();
-        let (ours, theirs) = tokio::io::duplex(1024);
-        let (c, run) = conn::open(ours, 7, 2, &cfg, peers.inner.serving.clone(), End::Dialer);
-        let task = tokio::spawn(run);
-        *lock(&slot.state) = State::Up(c.clone());
+        let (peers, slot, c, task, theirs) = node_1_up(&cfg, 7);
         Pair::dial_back(&peers, 2, 6);
         assert!(matches!(&*lock(&slot.state), State::Up(x) if Arc::ptr_eq(x, &c)));
         // The kept connection was pinged (the frame's kind follows its 4-byte length).
@@ -596,36 +603,52 @@ mod tests {
         // without waiting for a call of its own.
         drop(theirs);
         task.await.unwrap().ok();
-        let mut changed = slot.changed.subscribe();
-        tokio::time::timeout(Duration::from_secs(5), async {
-            while matches!(&*lock(&slot.state), State::Up(..)) {
-                changed.changed().await.unwrap();
-            }
-        })
-        .await
-        .expect("the slot still holds the dead connection");
+        until_state(&slot, |s| !matches!(s, State::Up(..))).await;
     }
 
-    #[tokio::test]
-    async fn a_knock_whose_dial_back_never_comes_makes_the_next_say_all_is_stale() {
+    /// Node 1 at a loopback address, answering every knock that it dials back (and never
+    /// doing so), and reporting what each knock said.
+    async fn node_1_answering_knocks() -> (
+        std::net::SocketAddr,
+        tokio::sync::mpsc::UnboundedReceiver<Knock>,
+    ) {
         use crate::net::tcp::TcpListener;
         use crate::net::Listener;
-        let secret = b"a cluster secret of 32 bytes....".to_vec();
-        // Node 1 answers every knock that it dials back, and never does.
         let mut listener = TcpListener::bind("127.0.0.1:0".parse().unwrap())
             .await
             .unwrap();
         let addr = listener.local_addr().unwrap();
-        let one = PeerConfig::new(1, secret.clone());
+        let one = PeerConfig::new(1, SECRET.to_vec());
+        let (knocks, knocked) = tokio::sync::mpsc::unbounded_channel();
         tokio::spawn(async move {
             while let Ok((mut sock, _)) = listener.accept().await {
-                let _ = handshake::server(&mut sock, &one, [1; 32], |_| true).await;
+                if let Ok(s) = handshake::server(&mut sock, &one, [1; 32], |_| true).await {
+                    let _ = knocks.send(s.seen);
+                }
             }
         });
+        (addr, knocked)
+    }
+
+    /// Waits (5 s at most) until `slot`'s state is as `want` says.
+    async fn until_state(slot: &Slot, want: impl Fn(&State) -> bool) {
+        let mut changed = slot.changed.subscribe();
+        tokio::time::timeout(Duration::from_secs(5), async {
+            while !want(&lock(&slot.state)) {
+                changed.changed().await.unwrap();
+            }
+        })
+        .await
+        .expect("the slot's state never came");
+    }
+
+    #[tokio::test]
+    async fn a_knock_whose_dial_back_never_comes_makes_the_next_say_all_is_stale() {
+        let (addr, mut knocked) = node_1_answering_knocks().await;
         let cfg = PeerConfig {
             connect_timeout: Duration::from_millis(100),
             handshake_timeout: Duration::from_millis(100),
-            ..PeerConfig::new(2, secret)
+            ..PeerConfig::new(2, SECRET.to_vec())
         };
         let peers = Peers::new(cfg, TcpConnector, [(1, addr)], Nonces::from_seed([0; 32])).unwrap();
         let slot = peers.slot(1).unwrap();
@@ -634,10 +657,11 @@ mod tests {
             .call(1, b"x".to_vec(), Duration::from_millis(50))
             .await;
         assert!(matches!(e, Err(PeerError::Unreachable { .. })), "{e:?}");
-        assert!(matches!(&*lock(&slot.state), State::Awaiting(_)));
+        assert_eq!(knocked.recv().await, Some(5));
+        until_state(&slot, |s| matches!(s, State::Awaiting(_))).await;
         assert_eq!(slot.seen.load(Ordering::Relaxed), 5);
-        tokio::time::sleep(Duration::from_millis(400)).await;
-        assert!(matches!(&*lock(&slot.state), State::Idle { .. }));
+        // No dial back within connect_timeout + handshake_timeout.
+        until_state(&slot, |s| matches!(s, State::Idle { .. })).await;
         assert_eq!(slot.seen.load(Ordering::Relaxed), KNOCK_STALE);
     }
 
@@ -655,24 +679,9 @@ mod tests {
 
     #[tokio::test]
     async fn a_knock_names_what_was_taken_when_it_began_not_what_came_on_its_way() {
-        use crate::net::tcp::TcpListener;
-        use crate::net::Listener;
-        let secret = b"a cluster secret of 32 bytes....".to_vec();
-        let mut listener = TcpListener::bind("127.0.0.1:0".parse().unwrap())
-            .await
-            .unwrap();
-        let addr = listener.local_addr().unwrap();
-        let one = PeerConfig::new(1, secret.clone());
-        let (knocks, mut knocked) = tokio::sync::mpsc::unbounded_channel();
-        tokio::spawn(async move {
-            while let Ok((mut sock, _)) = listener.accept().await {
-                if let Ok(s) = handshake::server(&mut sock, &one, [1; 32], |_| true).await {
-                    let _ = knocks.send(s.seen);
-                }
-            }
-        });
+        let (addr, mut knocked) = node_1_answering_knocks().await;
         let gate = Arc::new(tokio::sync::Semaphore::new(0));
-        let cfg = PeerConfig::new(2, secret);
+        let cfg = PeerConfig::new(2, SECRET.to_vec());
         let peers = Peers::new(
             cfg.clone(),
             Gated(gate.clone()),
@@ -705,7 +714,7 @@ mod tests {
 
     #[tokio::test]
     async fn a_connection_taken_from_a_lower_id_is_what_the_next_knock_names() {
-        let cfg = PeerConfig::new(2, b"a cluster secret of 32 bytes....".to_vec());
+        let cfg = PeerConfig::new(2, SECRET.to_vec());
         let peers = Peers::new(
             cfg.clone(),
             TcpConnector,
