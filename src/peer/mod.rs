@@ -12,17 +12,17 @@
 //! [`handshake::Opened::DialBack`] and closes that connection, and the higher id waits for
 //! the lower id's. A knock names the last connection the higher id took from the lower one
 //! when the knock began (both ends know a connection by the same id,
-//! [`handshake::conn_id`]; one taken while the knock is on its way is not named). If the lower id
-//! holds none live, or that one, the higher id (which knocks only without a live
-//! connection) has lost it: the lower id closes it and dials back. If it holds another, that
-//! one was dialed after the higher id last took one and crossed the knock on the way (both
-//! nodes lost their connection and both reached for a new one): it is kept, and the higher
-//! id takes it when it arrives, so the crossing costs nothing. A kept connection is pinged,
-//! and dialed anew if it ends within `handshake_timeout`: it may lead to a process of the
-//! higher id that is gone (restarted without its close reaching the lower id; a restarted
-//! host resets the connection), and a higher id that just started names no connection. A
-//! knock whose dial back never came (after `connect_timeout + handshake_timeout`) is
-//! followed by one that says whatever the lower id holds is stale.
+//! [`handshake::conn_id`]; one taken while the knock is on its way is not named). If the
+//! lower id holds none live, or that one, the higher id (which knocks only without a live
+//! connection) has lost it: the lower id closes it and dials back. If it holds another,
+//! that one was dialed after the higher id last took one and crossed the knock on the way
+//! (both nodes lost their connection and both reached for a new one): it is kept, and the
+//! higher id takes it when it arrives, so the crossing costs nothing. A kept connection is
+//! pinged, and dialed anew if it ends within `handshake_timeout`: it may lead to a process
+//! of the higher id that is gone (restarted without its close reaching the lower id; a
+//! restarted host resets the connection), and a higher id that just started names no
+//! connection. A knock whose dial back never came (after `connect_timeout +
+//! handshake_timeout`) is followed by one that says whatever the lower id holds is stale.
 //! Who connects first does not matter, and once a pair is connected it holds one
 //! connection; two overlap only while one replaces the other.
 //! A connection's death fails the calls of both directions in flight on it.
@@ -374,7 +374,8 @@ pub struct PeerStats {
     pub handshake_failures: AtomicU64,
     /// Connections that completed the handshake on the accepting side (knocks included).
     pub authenticated: AtomicU64,
-    /// Of those, knocks: a higher id with no connection to this node, dialed back.
+    /// Of those, knocks: a higher id with no connection to this node, dialed back (unless a
+    /// connection this node dialed crossed the knock).
     pub dialed_back: AtomicU64,
     /// Connections closed for a protocol violation after the handshake (oversized or
     /// malformed frame, unexpected kind).

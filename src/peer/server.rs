@@ -232,7 +232,7 @@ async fn connection<S: Stream>(
             let from = s.from;
             PeerStats::bump(&sh.stats.authenticated);
             PeerStats::bump(&sh.stats.dialed_back);
-            debug!(%addr, from, seen = s.seen, "peer knocked: dialing it back");
+            debug!(%addr, from, seen = s.seen, "peer knocked");
             drop(stream);
             if let Some(p) = pair {
                 p.dial_back(from, s.seen);
