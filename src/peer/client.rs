@@ -46,6 +46,13 @@ struct Inner<C> {
     serving: ServingCell,
     /// Numbers knocks, so that only a knock's own timer ends its wait.
     knocks: AtomicU64,
+    /// Toward each lower id: what this node's next knock says ([`Knock`]): the id of the
+    /// last connection it took from the peer, or [`KNOCK_STALE`] after a knock went
+    /// unanswered. By node id, not in the slot: a connection taken while the peer had no
+    /// slot here (not yet known, or its slot being replaced) is named too, and kept when
+    /// the peer is forgotten (a member removed and learned again). Changed under the
+    /// slot's state lock where there is a slot (this lock is taken inside it).
+    seen: Mutex<BTreeMap<NodeId, Knock>>,
 }
 
 /// One peer's connection state.
@@ -57,9 +64,6 @@ struct Slot {
     state: Mutex<State>,
     /// Bumped whenever a connect attempt ends, waking the calls that wait for it.
     changed: watch::Sender<u64>,
-    /// Toward a lower id: what this node's next knock says ([`Knock`]): the id of the last
-    /// connection it took from the peer, or [`KNOCK_STALE`] after a knock went unanswered.
-    seen: AtomicU64,
 }
 
 enum State {
@@ -109,6 +113,7 @@ impl<C: Connector> Peers<C> {
                 slots: RwLock::new(slots),
                 serving: ServingCell::default(),
                 knocks: AtomicU64::new(0),
+                seen: Mutex::default(),
             }),
         })
     }
@@ -117,17 +122,10 @@ impl<C: Connector> Peers<C> {
     pub fn set_peer(&self, id: NodeId, addr: impl ToString) {
         let addr = addr.to_string();
         let mut slots = self.inner.slots.write().unwrap_or_else(|e| e.into_inner());
-        let slot = Slot::new(id, addr);
-        if let Some(old) = slots.get(&id) {
-            if old.addr == slot.addr {
-                return;
-            }
-            // The connection this node took from the peer stays its last, whatever the
-            // address this node dials it at (what its next knock names).
-            slot.seen
-                .store(old.seen.load(Ordering::Relaxed), Ordering::Relaxed);
+        if slots.get(&id).is_some_and(|s| s.addr == addr) {
+            return;
         }
-        slots.insert(id, slot);
+        slots.insert(id, Slot::new(id, addr));
     }
 
     /// Forgets a peer; later calls to it fail with [`PeerError::UnknownPeer`].
@@ -214,7 +212,7 @@ impl<C: Connector> Peers<C> {
                     // now, when it has none live: a connection taken while the knock is on
                     // its way is one the knock must not close.
                     let seen = if to < self.inner.cfg.node_id {
-                        slot.seen.load(Ordering::Relaxed)
+                        self.inner.seen(to)
                     } else {
                         0
                     };
@@ -259,6 +257,17 @@ impl<C: Connector> Peers<C> {
             .unwrap_or_else(|e| e.into_inner())
             .get(&id)
             .cloned()
+    }
+}
+
+impl<C> Inner<C> {
+    /// What a knock to `peer` says now ([`Knock`]).
+    fn seen(&self, peer: NodeId) -> Knock {
+        lock(&self.seen).get(&peer).copied().unwrap_or(0)
+    }
+
+    fn set_seen(&self, peer: NodeId, seen: Knock) {
+        lock(&self.seen).insert(peer, seen);
     }
 }
 
@@ -328,7 +337,11 @@ impl<C: Connector> Pair for Peers<C> {
         if from > self.inner.cfg.node_id {
             return;
         }
-        let Some(slot) = self.slot(from) else { return };
+        let Some(slot) = self.slot(from) else {
+            // Not known here yet: once it is, the next knock names this connection, and
+            // the peer replaces it (one reconnect).
+            return self.inner.set_seen(from, conn.id);
+        };
         let mut old = None;
         slot.replace(
             |s| {
@@ -337,7 +350,7 @@ impl<C: Connector> Pair for Peers<C> {
                 }
                 // Under the state lock, as the store of a knock gone unanswered: the last
                 // to change the state says what the next knock names.
-                slot.seen.store(conn.id, Ordering::Relaxed);
+                self.inner.set_seen(from, conn.id);
                 true
             },
             State::Up(conn.clone()),
@@ -356,7 +369,6 @@ impl Slot {
             addr,
             state: Mutex::new(State::Idle { failures: 0 }),
             changed: watch::Sender::new(0),
-            seen: AtomicU64::new(0),
         })
     }
 
@@ -388,7 +400,7 @@ async fn dial_task<C: Connector>(
     seen: Knock,
 ) {
     let (peer, cfg) = (slot.peer, &inner.cfg);
-    match dial(cfg, &inner.connector, &inner.nonces, &slot, seen).await {
+    match dial(&inner, &slot, seen).await {
         Ok((stream, id, Opened::Ready)) => {
             let (c, run) = conn::open(stream, id, peer, cfg, inner.serving.clone(), End::Dialer);
             tokio::spawn(async move {
@@ -406,7 +418,10 @@ async fn dial_task<C: Connector>(
         Ok((_, _, Opened::DialBack)) => {
             debug!(peer, addr = %slot.addr, "peer dials back");
             let knock = inner.knocks.fetch_add(1, Ordering::Relaxed);
-            if slot.replace_connecting(State::Awaiting(knock)) {
+            // Also over an earlier knock's wait (two knocks were on their way): the wait
+            // starts again, for this knock's dial back.
+            let waiting = |s: &State| matches!(s, State::Connecting | State::Awaiting(_));
+            if slot.replace(waiting, State::Awaiting(knock)) {
                 // No connection arrived (the peer could not reach this node, or kept one
                 // this node never took): the next call knocks again, saying that whatever
                 // the peer holds is stale.
@@ -418,7 +433,7 @@ async fn dial_task<C: Connector>(
                     |s| {
                         let ours = matches!(s, State::Awaiting(k) if *k == knock);
                         if ours {
-                            slot.seen.store(KNOCK_STALE, Ordering::Relaxed);
+                            inner.set_seen(peer, KNOCK_STALE);
                         }
                         ours
                     },
@@ -444,13 +459,11 @@ async fn dial_task<C: Connector>(
 /// Dials and authenticates: the stream, its connection id, and how the handshake left it.
 /// Toward a lower id the handshake is a knock, saying `seen`.
 async fn dial<C: Connector>(
-    cfg: &PeerConfig,
-    connector: &C,
-    nonces: &Nonces,
+    inner: &Inner<C>,
     slot: &Slot,
     seen: Knock,
 ) -> Result<(C::Conn, u64, Opened), PeerError> {
-    let peer = slot.peer;
+    let (cfg, connector, peer) = (&inner.cfg, &inner.connector, slot.peer);
     // Resolution counts against the connect timeout: a hung name service is an unreachable
     // peer like any other.
     let connect = async {
@@ -473,7 +486,7 @@ async fn dial<C: Connector>(
             })
         }
     };
-    let nonce = nonces.nonce();
+    let nonce = inner.nonces.nonce();
     let shake = handshake::client(&mut stream, cfg, peer, nonce, seen);
     match tokio::time::timeout(cfg.handshake_timeout, shake).await {
         Ok(Ok(opened)) => Ok((stream, handshake::conn_id(&nonce), opened)),
@@ -595,8 +608,10 @@ mod tests {
         // The kept connection was pinged (the frame's kind follows its 4-byte length).
         let mut theirs = theirs;
         let mut head = [0u8; 5];
-        tokio::io::AsyncReadExt::read_exact(&mut theirs, &mut head)
+        let read = tokio::io::AsyncReadExt::read_exact(&mut theirs, &mut head);
+        tokio::time::timeout(Duration::from_secs(1), read)
             .await
+            .expect("no ping came")
             .unwrap();
         assert_eq!(head[4], Kind::Ping as u8);
         // Its far end is gone (a restarted host reset it): node 1 dials node 2 at once,
@@ -630,6 +645,14 @@ mod tests {
         (addr, knocked)
     }
 
+    /// The next knock node 1 answered (5 s at most).
+    async fn next(knocked: &mut tokio::sync::mpsc::UnboundedReceiver<Knock>) -> Knock {
+        tokio::time::timeout(Duration::from_secs(5), knocked.recv())
+            .await
+            .expect("no knock came")
+            .unwrap()
+    }
+
     /// Waits (5 s at most) until `slot`'s state is as `want` says.
     async fn until_state(slot: &Slot, want: impl Fn(&State) -> bool) {
         let mut changed = slot.changed.subscribe();
@@ -646,23 +669,23 @@ mod tests {
     async fn a_knock_whose_dial_back_never_comes_makes_the_next_say_all_is_stale() {
         let (addr, mut knocked) = node_1_answering_knocks().await;
         let cfg = PeerConfig {
-            connect_timeout: Duration::from_millis(100),
-            handshake_timeout: Duration::from_millis(100),
+            connect_timeout: Duration::from_secs(1),
+            handshake_timeout: Duration::from_secs(1),
             ..PeerConfig::new(2, SECRET.to_vec())
         };
         let peers = Peers::new(cfg, TcpConnector, [(1, addr)], Nonces::from_seed([0; 32])).unwrap();
         let slot = peers.slot(1).unwrap();
-        slot.seen.store(5, Ordering::Relaxed);
+        peers.inner.set_seen(1, 5);
         let e = peers
             .call(1, b"x".to_vec(), Duration::from_millis(50))
             .await;
         assert!(matches!(e, Err(PeerError::Unreachable { .. })), "{e:?}");
-        assert_eq!(knocked.recv().await, Some(5));
+        assert_eq!(next(&mut knocked).await, 5);
         until_state(&slot, |s| matches!(s, State::Awaiting(_))).await;
-        assert_eq!(slot.seen.load(Ordering::Relaxed), 5);
+        assert_eq!(peers.inner.seen(1), 5);
         // No dial back within connect_timeout + handshake_timeout.
         until_state(&slot, |s| matches!(s, State::Idle { .. })).await;
-        assert_eq!(slot.seen.load(Ordering::Relaxed), KNOCK_STALE);
+        assert_eq!(peers.inner.seen(1), KNOCK_STALE);
     }
 
     /// Connects only once let through.
@@ -691,7 +714,7 @@ mod tests {
         .unwrap();
         let slot = peers.slot(1).unwrap();
         // Node 2 last took connection 5, and it is gone: a call knocks.
-        slot.seen.store(5, Ordering::Relaxed);
+        peers.inner.set_seen(1, 5);
         let caller = peers.clone();
         let call =
             tokio::spawn(
@@ -707,7 +730,7 @@ mod tests {
         Pair::accepted(&peers, 1, &c);
         gate.add_permits(1);
         // The knock still names connection 5, so node 1 keeps connection 9.
-        assert_eq!(knocked.recv().await, Some(5));
+        assert_eq!(next(&mut knocked).await, 5);
         assert!(matches!(&*lock(&slot.state), State::Up(x) if Arc::ptr_eq(x, &c)));
         call.abort();
     }
@@ -722,25 +745,32 @@ mod tests {
             Nonces::from_seed([0; 32]),
         )
         .unwrap();
-        let (ours, _theirs) = tokio::io::duplex(1024);
-        let (c, _run) = conn::open(ours, 5, 1, &cfg, peers.inner.serving.clone(), End::Acceptor);
+        let serving = || peers.inner.serving.clone();
+        let (c, _run) = conn::open(duplex(), 5, 1, &cfg, serving(), End::Acceptor);
         Pair::accepted(&peers, 1, &c);
-        assert_eq!(peers.slot(1).unwrap().seen.load(Ordering::Relaxed), 5);
+        assert!(matches!(
+            &*lock(&peers.slot(1).unwrap().state),
+            State::Up(_)
+        ));
+        assert_eq!(peers.inner.seen(1), 5);
+        // From a lower id this node does not know yet (or no longer): named all the same,
+        // so that the knock once it is known has the connection replaced.
+        peers.remove_peer(1);
+        let (c, _run) = conn::open(duplex(), 6, 1, &cfg, serving(), End::Acceptor);
+        Pair::accepted(&peers, 1, &c);
+        peers.set_peer(1, "127.0.0.1:9");
+        assert_eq!(peers.inner.seen(1), 6);
         // A connection a higher id dialed is not this node's to take.
-        let (theirs, _) = tokio::io::duplex(1024);
-        let (c, _run) = conn::open(
-            theirs,
-            6,
-            3,
-            &cfg,
-            peers.inner.serving.clone(),
-            End::Acceptor,
-        );
+        let (c, _run) = conn::open(duplex(), 7, 3, &cfg, serving(), End::Acceptor);
         Pair::accepted(&peers, 3, &c);
-        assert_eq!(peers.slot(3).unwrap().seen.load(Ordering::Relaxed), 0);
+        assert_eq!(peers.inner.seen(3), 0);
         assert!(!matches!(
             &*lock(&peers.slot(3).unwrap().state),
             State::Up(..)
         ));
+    }
+
+    fn duplex() -> DuplexStream {
+        tokio::io::duplex(1024).0
     }
 }

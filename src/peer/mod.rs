@@ -14,15 +14,16 @@
 //! when the knock began (both ends know a connection by the same id,
 //! [`handshake::conn_id`]; one taken while the knock is on its way is not named). If the
 //! lower id holds none live, or that one, the higher id (which knocks only without a live
-//! connection) has lost it: the lower id closes it and dials back. If it holds another,
-//! that one was dialed after the higher id last took one and crossed the knock on the way
-//! (both nodes lost their connection and both reached for a new one): it is kept, and the
-//! higher id takes it when it arrives, so the crossing costs nothing. A kept connection is
-//! pinged, and dialed anew if it ends within `handshake_timeout`: it may lead to a process
-//! of the higher id that is gone (restarted without its close reaching the lower id; a
-//! restarted host resets the connection), and a higher id that just started names no
-//! connection. A knock whose dial back never came (after `connect_timeout +
-//! handshake_timeout`) is followed by one that says whatever the lower id holds is stale.
+//! connection) has lost it: the lower id closes it and dials back (unless it is dialing the
+//! higher id already: that dial is the answer). If it holds another, that one was dialed
+//! after the higher id last took one and crossed the knock on the way (both nodes lost
+//! their connection and both reached for a new one): it is kept, and the higher id takes it
+//! when it arrives, so the crossing costs nothing. A kept connection is pinged, and dialed
+//! anew if it ends within `handshake_timeout`: it may lead to a process of the higher id
+//! that is gone (restarted without its close reaching the lower id; a restarted host resets
+//! the connection), and a higher id that just started names no connection. A knock whose
+//! dial back never came (after `connect_timeout + handshake_timeout`) is followed by one
+//! that says whatever the lower id holds is stale.
 //! Who connects first does not matter, and once a pair is connected it holds one
 //! connection; two overlap only while one replaces the other.
 //! A connection's death fails the calls of both directions in flight on it.
@@ -33,7 +34,8 @@
 //! dial. A peer the acceptor does not know by id, or a server with no `Peers` attached,
 //! serves a connection as dialed (answers its calls, sends none back). While a higher id
 //! waits for a dial back that does not come (the lower id cannot reach it), its calls wait
-//! out their timeouts, and it knocks again after `connect_timeout + handshake_timeout`.
+//! out their timeouts, and its next call knocks again after `connect_timeout +
+//! handshake_timeout`.
 //!
 //! # Wire format
 //! After the handshake, both directions are a sequence of frames
