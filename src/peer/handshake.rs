@@ -154,8 +154,10 @@ pub struct Party {
 }
 
 /// HMAC(secret, label | version | first | second | client | client data | server | server
-/// data); `version` as sent, its sharding mark included, so the mark cannot be rewritten on
-/// the way, nor can the data ids.
+/// data | tail); `version` as sent, its sharding mark included, so the mark cannot be
+/// rewritten on the way, nor can the data ids. `tail`: the client's [`Knock`] in its proof,
+/// nothing in the server's.
+#[allow(clippy::too_many_arguments)]
 fn keyed(
     secret: &[u8],
     label: &[u8],
@@ -164,6 +166,7 @@ fn keyed(
     second: &[u8; NONCE],
     client: Party,
     server: Party,
+    tail: &[u8],
 ) -> HmacSha256 {
     let mut m = HmacSha256::new_from_slice(secret).expect("HMAC takes keys of any length");
     m.update(label);
@@ -174,6 +177,7 @@ fn keyed(
     m.update(&client.data.to_be_bytes());
     m.update(&server.id.to_be_bytes());
     m.update(&server.data.to_be_bytes());
+    m.update(tail);
     m
 }
 
@@ -194,6 +198,7 @@ pub fn server_mac(
         nonce_s,
         client,
         server,
+        &[],
     )
     .finalize()
     .into_bytes()
@@ -210,22 +215,7 @@ pub fn client_mac(
     server: Party,
     seen: Knock,
 ) -> [u8; MAC] {
-    client_keyed(secret, version, nonce_c, nonce_s, client, server, seen)
-        .finalize()
-        .into_bytes()
-        .into()
-}
-
-fn client_keyed(
-    secret: &[u8],
-    version: u16,
-    nonce_c: &[u8; NONCE],
-    nonce_s: &[u8; NONCE],
-    client: Party,
-    server: Party,
-    seen: Knock,
-) -> HmacSha256 {
-    let mut m = keyed(
+    keyed(
         secret,
         CLIENT_LABEL,
         version,
@@ -233,9 +223,11 @@ fn client_keyed(
         nonce_c,
         client,
         server,
-    );
-    m.update(&seen.to_be_bytes());
-    m
+        &seen.to_be_bytes(),
+    )
+    .finalize()
+    .into_bytes()
+    .into()
 }
 
 /// Reads a hello: the magic alone first (a stranger is turned away after four bytes), then the
@@ -352,6 +344,7 @@ pub async fn client<S: AsyncRead + AsyncWrite + Unpin>(
         &nonce_s,
         me(cfg),
         server,
+        &[],
     )
     .verify_slice(&their_mac)
     .map_err(|_| HandshakeError::BadMac)?;
@@ -409,14 +402,15 @@ pub async fn server<S: AsyncRead + AsyncWrite + Unpin>(
     s.read_exact(&mut proof).await?;
     let seen = Knock::from_be_bytes(proof[MAC..].try_into().expect("8 bytes"));
     // Constant time: verify_slice compares without an early exit.
-    client_keyed(
+    keyed(
         &cfg.secret,
+        CLIENT_LABEL,
         version,
-        &nonce_c,
         &nonce_s,
+        &nonce_c,
         client,
         me(cfg),
-        seen,
+        &proof[MAC..],
     )
     .verify_slice(&proof[..MAC])
     .map_err(|_| HandshakeError::BadMac)?;
