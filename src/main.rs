@@ -254,6 +254,11 @@ struct ClusterArgs {
     /// restart 1-350 ms later.
     #[arg(long)]
     disk_stalls: bool,
+    /// Every pick of the nemesis restarts the node it crashed last and crashes a shard's
+    /// leader; the next waits until each shard it led has another leader. The summary gives
+    /// the spread of those failover times (each is in the trace).
+    #[arg(long)]
+    crash_leaders: bool,
     /// How the nodes spread keys over shards: "hash" or "slots" (Redis Cluster's hash slots).
     #[arg(long, default_value = "hash", value_parser = parse_sharding)]
     sharding: quorate::shard::route::Sharding,
@@ -367,17 +372,35 @@ fn parse_duration(text: &str) -> Result<u64, String> {
     }
 }
 
+/// The simulated time of the simulation that logs (a line logged outside one: "-"), so a
+/// seed's log lines up with its trace.
+struct SimTime;
+
+impl tracing_subscriber::fmt::time::FormatTime for SimTime {
+    fn format_time(&self, w: &mut tracing_subscriber::fmt::format::Writer<'_>) -> std::fmt::Result {
+        match turmoil::sim_elapsed() {
+            Some(t) => write!(w, "{}.{:06}", t.as_secs(), t.subsec_micros()),
+            None => write!(w, "-"),
+        }
+    }
+}
+
 /// Logs to stderr under `filter` (RUST_LOG syntax; `setting` names where it came from in the
-/// error), in colour only on a terminal: log files and collectors get plain text.
-fn init_log(filter: &str, setting: &str) -> Result<(), CliError> {
+/// error), in colour only on a terminal: log files and collectors get plain text. A
+/// simulation's lines carry its simulated time.
+fn init_log(filter: &str, setting: &str, simulated: bool) -> Result<(), CliError> {
     let filter = tracing_subscriber::EnvFilter::try_new(filter)
         .map_err(|e| CliError::Settings(format!("{setting} \"{filter}\": {e}")))?;
     let ansi = std::io::IsTerminal::is_terminal(&std::io::stderr());
-    tracing_subscriber::fmt()
+    let log = tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_writer(std::io::stderr)
-        .with_ansi(ansi)
-        .init();
+        .with_ansi(ansi);
+    if simulated {
+        log.with_timer(SimTime).init();
+    } else {
+        log.init();
+    }
     Ok(())
 }
 fn main() -> ExitCode {
@@ -445,7 +468,7 @@ fn run(cli: Cli, thp_off: bool) -> Result<(), CliError> {
         Command::Sim(args) => {
             // The nodes' own log, to stderr, for debugging a seed (e.g. "openraft=info").
             if let Ok(filter) = std::env::var("QUORATE_SIM_LOG") {
-                init_log(&filter, "QUORATE_SIM_LOG")?;
+                init_log(&filter, "QUORATE_SIM_LOG", true)?;
             }
             let (report, output) = match args.scenario {
                 Scenario::Replay(a) => (
@@ -498,6 +521,7 @@ fn sim_cluster(a: ClusterArgs) -> Result<(), CliError> {
         membership_faults: a.membership_faults,
         small_snapshots: a.small_snapshots,
         disk_stalls: a.disk_stalls,
+        crash_leaders: a.crash_leaders,
         sharding: a.sharding,
         nemesis: !a.no_nemesis,
         controls: Controls {
@@ -689,7 +713,7 @@ mod node {
                 CliError::Settings(format!("cannot create data dir {}: {e}", dir.display()))
             })?;
         }
-        crate::init_log(&args.log, "--log")?;
+        crate::init_log(&args.log, "--log", false)?;
         if !thp_off {
             tracing::debug!(
                 "transparent huge pages stay on: the kernel refused PR_SET_THP_DISABLE"

@@ -374,6 +374,10 @@ pub struct History {
     /// whether or not another node is elected before it restarts (a restarted node comes
     /// back a follower and leads again only in a later term).
     pub leader_crashes: BTreeMap<u64, u64>,
+    /// Per shard whose leader a crash took down (not a quick restart): ns until another
+    /// node led it. And the shards that had no other leader when the next fault came.
+    pub failovers: Vec<Nanos>,
+    pub failovers_unresolved: u64,
     /// Checks sent again under their request id after an unknown outcome
     /// (`--retry-clients`).
     pub retries: u64,

@@ -166,6 +166,9 @@ pub struct Options {
     /// 1-350 ms later, which loses what it had not written. Off by default, so that seeds
     /// replay as they did before the option existed.
     pub disk_stalls: bool,
+    /// Every pick of the nemesis crashes a shard's leader (restarted at the next pick, which
+    /// waits until another node leads each shard it led): the failover times in the report.
+    pub crash_leaders: bool,
     pub keys: usize,
     /// Each client waits a uniform time in this range (ms) between operations.
     pub think_ms: (u64, u64),
@@ -199,6 +202,7 @@ impl Default for Options {
             membership_faults: false,
             small_snapshots: false,
             disk_stalls: false,
+            crash_leaders: false,
             keys: 300,
             think_ms: (5, 40),
             nemesis: true,
@@ -226,6 +230,7 @@ impl Options {
             (self.membership_faults, "--membership-faults"),
             (self.small_snapshots, "--small-snapshots"),
             (self.disk_stalls, "--disk-stalls"),
+            (self.crash_leaders, "--crash-leaders"),
             (!self.nemesis, "--no-nemesis"),
         ];
         let on = workload.into_iter().filter_map(|(on, s)| on.then_some(s));
@@ -286,6 +291,10 @@ pub struct Report {
     /// Disk stalls (`--disk-stalls`), and those that ended in a crash.
     pub disk_stalls: u64,
     pub stall_crashes: u64,
+    /// Per shard whose leader the nemesis crashed: simulated ns until another node led it;
+    /// and the shards still without one when the next fault came.
+    pub failovers: Vec<u64>,
+    pub failovers_unresolved: u64,
     /// Members replaced through the admin API (`--membership-faults`: the spare added and
     /// a member removed, both answered 200).
     pub replaced: u64,
@@ -464,6 +473,8 @@ fn run_checked(opts: &Options) -> Report {
                 handovers_failed: 0,
                 disk_stalls: 0,
                 stall_crashes: 0,
+                failovers: Vec::new(),
+                failovers_unresolved: 0,
                 replaced: 0,
                 removed_refusals: 0,
                 snapshots_installed: 0,
@@ -536,6 +547,7 @@ fn run_checked(opts: &Options) -> Report {
         opts.quick_restarts,
         opts.handover_faults,
         opts.disk_stalls,
+        opts.crash_leaders,
     );
     let mut script = opts.clock_script.clone();
     script.sort_by_key(|s| s.at);
@@ -934,6 +946,8 @@ fn run_checked(opts: &Options) -> Report {
         handovers_failed: history.handovers_failed,
         disk_stalls: history.disk_stalls,
         stall_crashes: history.stall_crashes,
+        failovers: history.failovers.clone(),
+        failovers_unresolved: history.failovers_unresolved,
         replaced: u64::from(replaced),
         removed_refusals,
         snapshots_installed,

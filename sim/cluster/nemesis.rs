@@ -57,6 +57,11 @@ pub struct Nemesis {
     /// The node whose disk is stalled, when the stall ends (simulated ns), and whether it
     /// ends in a crash.
     stall_end: Option<(usize, u64, bool)>,
+    /// `--crash-leaders`: every pick crashes a shard's leader.
+    crash_leaders: bool,
+    /// Shards whose leader a crash (not a quick one) took down: the crashed node, and when
+    /// (simulated ns). Watched until another node leads the shard ([`History::failovers`]).
+    awaiting: Vec<(u64, NodeId, u64)>,
 }
 
 /// How long a quickly restarted node stays down (ms): up to below the election timeout.
@@ -82,6 +87,7 @@ impl Nemesis {
         quick_restarts: bool,
         handover_faults: bool,
         disk_stalls: bool,
+        crash_leaders: bool,
     ) -> Nemesis {
         Nemesis {
             rng: ChaCha8Rng::from_seed(super::derive(seed, "nemesis")),
@@ -93,6 +99,8 @@ impl Nemesis {
             handover_faults,
             disk_stalls,
             stall_end: None,
+            crash_leaders,
+            awaiting: Vec::new(),
         }
     }
 
@@ -105,6 +113,7 @@ impl Nemesis {
         now: u64,
         history: &mut History,
     ) {
+        self.watch_failovers(nodes, now, history);
         if let Some((v, at, crash)) = self.stall_end {
             if now >= at {
                 self.stall_end = None;
@@ -133,6 +142,20 @@ impl Nemesis {
         if now < self.next_at {
             return;
         }
+        // `--crash-leaders`: the next crash waits for the last one's failovers (up to 20 s),
+        // so each is timed alone.
+        if self.crash_leaders
+            && self
+                .awaiting
+                .iter()
+                .any(|&(_, _, at)| now < at + 20_000_000_000)
+        {
+            return;
+        }
+        // A shard still without another leader when the next fault comes: the new fault
+        // would muddle its time, so it is counted apart.
+        history.failovers_unresolved += self.awaiting.len() as u64;
+        self.awaiting.clear();
         self.heal(sim, nodes, now, history);
         let (lo, hi) = (
             self.every.0.as_millis() as u64,
@@ -140,6 +163,53 @@ impl Nemesis {
         );
         self.next_at = now + self.rng.random_range(lo..=hi.max(lo)) * 1_000_000;
         self.strike(sim, nodes, shards, now, history);
+    }
+
+    /// Records the shards of a crashed leader that another node now leads (by that node's
+    /// own account: elected, its first entry perhaps not yet committed).
+    fn watch_failovers(&mut self, nodes: &[Arc<NodeHandle>], now: u64, history: &mut History) {
+        if self.awaiting.is_empty() {
+            return;
+        }
+        let leads = |n: &NodeHandle, shard: u64| {
+            n.service()
+                .and_then(|s| s.cluster().map(|c| c.leaders()))
+                .and_then(|l| l.get(shard as usize).copied())
+                .is_some_and(|(leader, _)| leader == Some(n.id))
+        };
+        self.awaiting.retain(|&(shard, crashed, at)| {
+            let led = nodes
+                .iter()
+                .any(|n| n.id != crashed && !n.down.load(Ordering::SeqCst) && leads(n, shard));
+            if led {
+                history.failovers.push(now - at);
+                history.event(
+                    now,
+                    format_args!(
+                        "shard {shard} has a new leader {} s after its leader's crash",
+                        super::history::secs(now - at)
+                    ),
+                );
+            }
+            !led
+        });
+        // `--crash-leaders`: the next crash comes at least the shortest pause after the last
+        // failover, not the moment it ends.
+        if self.crash_leaders && self.awaiting.is_empty() {
+            let rest = self.every.0.as_nanos() as u64;
+            self.next_at = self.next_at.max(now + rest);
+        }
+    }
+
+    /// A shard drawn at random, and the index of its leader by the nodes' account.
+    fn some_shards_leader(
+        &mut self,
+        nodes: &[Arc<NodeHandle>],
+        shards: u32,
+    ) -> (u32, Option<usize>) {
+        let group = self.rng.random_range(0..shards.max(1));
+        let leader = leader_of(nodes, u64::from(group)).and_then(|id| index_of(nodes, id));
+        (group, leader)
     }
 
     fn pair(&mut self, n: usize) -> (usize, usize) {
@@ -158,11 +228,17 @@ impl Nemesis {
     ) {
         let n = nodes.len();
         let name = |i: usize| nodes[i].name.clone();
+        if self.crash_leaders {
+            // Crash a shard's leader (any node if it has none), to time its failover.
+            let (_, leader) = self.some_shards_leader(nodes, shards);
+            let v = leader.unwrap_or_else(|| self.rng.random_range(0..n));
+            self.crash(sim, nodes, v, now, history, false);
+            return;
+        }
         if self.disk_stalls && self.rng.random_bool(0.25) {
             // Stall the disk of a shard's leader (any node if it has none); its writes wait
             // while it goes on replicating, so its followers commit what it has not written.
-            let group = self.rng.random_range(0..shards.max(1));
-            let leader = leader_of(nodes, u64::from(group)).and_then(|id| index_of(nodes, id));
+            let (group, leader) = self.some_shards_leader(nodes, shards);
             let v = leader.unwrap_or_else(|| self.rng.random_range(0..n));
             let ms = self.rng.random_range(5..=400u64);
             let crash = self.rng.random_bool(0.5);
@@ -188,8 +264,7 @@ impl Nemesis {
         if self.handover_faults && self.rng.random_bool(0.25) {
             // Ask a shard's leader to hand the shard to another node (which may be down or
             // cut off: the handover then fails, and the leader stays).
-            let group = self.rng.random_range(0..shards.max(1));
-            let leader = leader_of(nodes, u64::from(group)).and_then(|id| index_of(nodes, id));
+            let (group, leader) = self.some_shards_leader(nodes, shards);
             let Some(from) = leader else {
                 history.fault(now, format_args!("handover of shard {group}: no leader"));
                 return;
@@ -219,8 +294,7 @@ impl Nemesis {
         match pick {
             0 | 1 => {
                 // Isolate a shard's leader (0) or a follower of it (1) from the other nodes.
-                let group = self.rng.random_range(0..shards.max(1)) as u64;
-                let leader = leader_of(nodes, group).and_then(|id| index_of(nodes, id));
+                let (group, leader) = self.some_shards_leader(nodes, shards);
                 let leader = leader.unwrap_or_else(|| self.rng.random_range(0..n));
                 let victim = if self.rng.random_bool(0.5) {
                     leader
@@ -323,6 +397,9 @@ impl Nemesis {
             .unwrap_or_default();
         for &g in &led {
             *history.leader_crashes.entry(u64::from(g)).or_default() += 1;
+            if !quick {
+                self.awaiting.push((u64::from(g), nodes[v].id, now));
+            }
         }
         sim.crash(name.clone());
         nodes[v].forget();
@@ -344,6 +421,9 @@ impl Nemesis {
         now: u64,
         history: &mut History,
     ) {
+        // The shards still awaiting a leader at the end of the run: the liveness check
+        // after healing judges them.
+        self.awaiting.clear();
         if self.active.is_empty() {
             return;
         }

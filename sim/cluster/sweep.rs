@@ -34,6 +34,10 @@ pub struct SeedResult {
     #[serde(default)]
     pub stall_crashes: u64,
     #[serde(default)]
+    pub failovers: Vec<u64>,
+    #[serde(default)]
+    pub failovers_unresolved: u64,
+    #[serde(default)]
     pub replaced: u64,
     #[serde(default)]
     pub removed_refusals: u64,
@@ -60,6 +64,8 @@ impl SeedResult {
             handovers_failed: r.handovers_failed,
             disk_stalls: r.disk_stalls,
             stall_crashes: r.stall_crashes,
+            failovers: r.failovers.clone(),
+            failovers_unresolved: r.failovers_unresolved,
             replaced: r.replaced,
             removed_refusals: r.removed_refusals,
             snapshots_installed: r.snapshots_installed,
@@ -84,6 +90,10 @@ pub struct Sweep {
     /// Disk stalls of `--disk-stalls`, and those that ended in a crash.
     pub disk_stalls: u64,
     pub stall_crashes: u64,
+    /// Failover times after the nemesis crashed a shard's leader (see
+    /// `Report::failovers`), in ns, and the shards left without another leader.
+    pub failovers: Vec<u64>,
+    pub failovers_unresolved: u64,
     pub replaced: u64,
     /// The members' refusals of the removed node's requests (see `Report::removed_refusals`).
     pub removed_refusals: u64,
@@ -115,6 +125,21 @@ pub struct Plan {
     /// seeds already running finish; `trace_last` is then not written, as the last seed
     /// never ran). The CLI runs them all, to list every failing seed.
     pub stop_at_first_failure: bool,
+}
+
+/// "median M s, 90th percentile P s, max X s" of failover times (ns); None without any.
+pub fn failover_spread(ns: &[u64]) -> Option<String> {
+    let mut v = ns.to_vec();
+    v.sort_unstable();
+    // Nearest rank: the smallest time at least q % of them are within.
+    let at = |q: usize| v[(v.len() * q).div_ceil(100).max(1) - 1];
+    let max = *v.last()?;
+    Some(format!(
+        "median {} s, 90th percentile {} s, max {} s",
+        secs(at(50)),
+        secs(at(90)),
+        secs(max)
+    ))
 }
 
 /// The child command line that runs `opts` (one seed) and prints its [`SeedResult`].
@@ -263,6 +288,8 @@ impl Sweep {
         self.handovers_failed += r.handovers_failed;
         self.disk_stalls += r.disk_stalls;
         self.stall_crashes += r.stall_crashes;
+        self.failovers.extend(&r.failovers);
+        self.failovers_unresolved += r.failovers_unresolved;
         self.replaced += r.replaced;
         self.removed_refusals += r.removed_refusals;
         self.snapshots_installed += r.snapshots_installed;
@@ -342,6 +369,16 @@ impl Sweep {
                 "disks stalled (a shard leader's, where it had one: it replicated what it had not \
                  written): {}, {} of them crashed before the disk wrote again",
                 self.disk_stalls, self.stall_crashes
+            );
+        }
+        if !self.failovers.is_empty() || self.failovers_unresolved > 0 {
+            let _ = writeln!(
+                t,
+                "shards whose leader was crashed: {} led by another node after {}; {} still \
+                 without one when the next fault came",
+                self.failovers.len(),
+                failover_spread(&self.failovers).unwrap_or_else(|| "-".into()),
+                self.failovers_unresolved
             );
         }
         if self.replaced > 0 {

@@ -152,7 +152,6 @@ impl ClusterConfig {
     fn raft_config(&self) -> Result<Arc<openraft::Config>, String> {
         let ms = |d: Duration| d.as_millis().max(1) as u64;
         let config = openraft::Config {
-            cluster_name: "quorate".into(),
             heartbeat_interval: ms(self.heartbeat),
             election_timeout_min: ms(self.election_min),
             election_timeout_max: ms(self.election_max),
@@ -413,7 +412,12 @@ impl Cluster {
                 notice_delay: config.commit_notice_delay,
                 removed: removed.clone(),
             };
-            let raft = Raft::new(config.node_id, raft_config.clone(), network, log, sm)
+            // openraft's log lines name the group through its cluster name.
+            let raft_config = Arc::new(openraft::Config {
+                cluster_name: format!("shard-{g}"),
+                ..(*raft_config).clone()
+            });
+            let raft = Raft::new(config.node_id, raft_config, network, log, sm)
                 .await
                 .map_err(|e| format!("shard {g}: cannot start raft: {e}"))?;
             // A new cluster: the member a group prefers (the one at position g mod members,

@@ -1543,8 +1543,12 @@ where
                 election_timeout,
             );
 
+            // (quorate) A candidate with a shorter log asked this node for its vote while it
+            // had no leader, and none has been heard from since: no need to wait it out.
+            let hurry = self.engine.hurried(now, Duration::from_millis(self.config.heartbeat_interval * 2));
+
             // Follower/Candidate timer: next election
-            if utime > Some(now - election_timeout) {
+            if utime > Some(now - election_timeout) && !hurry {
                 tracing::debug!("election timeout has not yet passed",);
                 return;
             }

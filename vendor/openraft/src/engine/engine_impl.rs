@@ -96,6 +96,20 @@ where C: RaftTypeConfig
     /// (quorate) A leadership whose lease does not stop this node from voting, and until when
     /// (`Trigger::waive_lease`).
     pub(crate) lease_waived: Option<(Vote<C::NodeId>, <C::AsyncRuntime as AsyncRuntime>::Instant)>,
+
+    /// (quorate) The highest term of any vote request this node received (kept in memory
+    /// only): its next election asks for a term above it. A request it refused leaves its
+    /// own vote where it was, and an election at its own term + 1 could then ask a peer
+    /// for the term that peer campaigned in itself: a peer with a higher node id refuses
+    /// (votes of one term order by node id), and a round is lost.
+    pub(crate) seen_term: u64,
+
+    /// (quorate) This node refused a candidate for a shorter log while it had no leader to
+    /// follow (the cases are in `handle_vote_req`): the vote it held then, the refused
+    /// candidate's, and when. The peer has timed out, and a node with this node's log or a
+    /// longer one is the likelier winner, so this node campaigns soon instead of at the end
+    /// of its own timeout ([`Engine::hurried`]). Cleared when it campaigns.
+    pub(crate) hurry: Option<(Vote<C::NodeId>, Vote<C::NodeId>, <C::AsyncRuntime as AsyncRuntime>::Instant)>,
 }
 
 impl<C> Engine<C>
@@ -113,6 +127,8 @@ where C: RaftTypeConfig
             candidate: None,
             output: EngineOutput::new(4096),
             lease_waived: None,
+            seen_term: 0,
+            hurry: None,
         }
     }
 
@@ -230,8 +246,10 @@ where C: RaftTypeConfig
             self.leader.as_ref().map(|l| l.vote.to_string()).unwrap_or_default()
         );
 
-        let new_term = self.state.vote.leader_id().term + 1;
+        // (quorate) Above any term a vote request has shown this node.
+        let new_term = self.state.vote.leader_id().term.max(self.seen_term) + 1;
         let new_vote = Vote::new(new_term, self.config.id.clone());
+        self.hurry = None;
 
         let candidate = self.new_candidate(new_vote.clone());
 
@@ -248,6 +266,39 @@ where C: RaftTypeConfig
         });
 
         self.server_state_handler().update_server_state_if_changed();
+    }
+
+    /// (quorate) This node accepted a leader's vote, with its entries or snapshot. The
+    /// election in which it saw a greater log than its own is over: in 0.9.25 that flag
+    /// stayed set until this node's next election, however much later, and held it back by
+    /// `smaller_log_timeout` then too, though the leader had long since brought its log up
+    /// to date.
+    fn leader_followed(&mut self) {
+        self.reset_greater_log();
+    }
+
+    /// (quorate) Whether to campaign now, at `now`, without waiting out the election
+    /// timeout: `after` has passed since this node refused a shorter log's candidate with
+    /// no leader to follow ([`Engine::hurry`]), and no leader is known to have come since.
+    /// The vote it holds must be the one it held then, untouched (no heartbeat from that
+    /// leader since), or, uncommitted, its own or the refused candidate's (taken from that
+    /// candidate's refusal of this node's own request): any other is a leader heard from,
+    /// or a candidate this node voted for and that may win; the refused one may still win
+    /// on the votes of others, whose first entries then reach this node within `after`.
+    pub(crate) fn hurried(&self, now: <C::AsyncRuntime as AsyncRuntime>::Instant, after: Duration) -> bool {
+        let Some((held, refused, since)) = &self.hurry else {
+            return false;
+        };
+        let vote = self.state.vote_ref();
+        let untouched = self.state.vote_last_modified().map_or(true, |t| t <= *since);
+        let still = if vote == held {
+            untouched
+        } else {
+            !vote.is_committed()
+                && (vote.leader_id().voted_for().as_ref() == Some(&self.config.id)
+                    || vote.leader_id() == refused.leader_id())
+        };
+        still && now >= *since + after
     }
 
     pub(crate) fn candidate_ref(&self) -> Option<&Candidate<C, LeaderQuorumSet<C::NodeId>>> {
@@ -307,6 +358,8 @@ where C: RaftTypeConfig
             vote_utime + lease - now
         );
 
+        self.seen_term = self.seen_term.max(req.vote.leader_id().term);
+
         // (quorate) The leader of `vote` is handing its leadership over: no lease to wait for.
         let waived = self.lease_waived.as_ref().is_some_and(|(v, until)| v == vote && now <= *until);
 
@@ -337,6 +390,18 @@ where C: RaftTypeConfig
             );
             // The res is not used yet.
             // let _res = Err(RejectVoteRequest::ByLastLogId(self.state.last_log_id().copied()));
+
+            // (quorate) With no leader to follow (its leader's lease has lapsed, this node
+            // campaigns itself, or the vote it holds is this very candidate's, taken from a
+            // refusal of its own request), campaign soon: see `hurry`. Not while it holds
+            // another candidate's vote, who may be about to win, nor for a stale request.
+            let lapsed = vote.is_committed() && now > vote_utime + lease;
+            let no_leader = lapsed
+                || self.state.is_leading(&self.config.id)
+                || vote.leader_id() == req.vote.leader_id();
+            if no_leader && req.vote.leader_id().term >= vote.leader_id().term {
+                self.hurry = Some((vote.clone(), req.vote.clone(), now));
+            }
 
             // Return the updated vote, this way the candidate knows which vote is granted, in case
             // the candidate's vote is changed after sending the vote request.
@@ -462,6 +527,8 @@ where C: RaftTypeConfig
         entries: Vec<C::Entry>,
     ) -> Result<(), RejectAppendEntries<C::NodeId>> {
         self.vote_handler().update_vote(vote)?;
+        // (quorate) Even if the entries conflict with this node's log.
+        self.leader_followed();
 
         // Vote is legal.
 
@@ -504,6 +571,7 @@ where C: RaftTypeConfig
         let Some(tx) = vote_res else {
             return;
         };
+        self.leader_followed();
 
         let mut fh = self.following_handler();
 
