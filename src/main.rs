@@ -180,10 +180,12 @@ enum Scenario {
         algorithms can admit at most 10 at once. fixed_window admits all 20; sliding_log and \
         the buckets at most 10; sliding_counter, whose estimate is approximate, one more.")]
     Boundary(BoundaryArgs),
-    /// Run the real 3-node cluster in a deterministic simulation under faults, and check it.
+    /// Run the real cluster (3 nodes, or --nodes) in a deterministic simulation under faults,
+    /// and check it.
     #[command(
-        long_about = "Run the real 3-node cluster in a deterministic simulation under faults.\n\n\
-        Each seed runs three nodes (WAL, Raft groups, peer transport, RESP API) on turmoil's \
+        long_about = "Run the real cluster in a deterministic simulation under faults.\n\n\
+        Each seed runs three nodes by default (--nodes, 3 to 7; each with its WAL, Raft \
+        groups, peer transport and RESP API) on turmoil's \
         simulated network and clocks while clients send checks (Zipf over a few hundred \
         keys; strict and fast token bucket, GCRA and sliding log, and a fast fixed window) \
         and a nemesis partitions, delays, holds and drops links, crashes and restarts nodes, \
@@ -211,6 +213,9 @@ struct ClusterArgs {
     /// Shards (one Raft group each) per node.
     #[arg(long, default_value_t = 4)]
     shards: u32,
+    /// Members of the cluster, 3 to 7: every one a voter of every shard.
+    #[arg(long, default_value_t = 3)]
+    nodes: usize,
     /// Concurrent clients.
     #[arg(long, default_value_t = 6)]
     clients: usize,
@@ -239,9 +244,9 @@ struct ClusterArgs {
     /// to another node at once (as a rebalance or a removal does).
     #[arg(long)]
     handover_faults: bool,
-    /// A fourth host runs a node started to join (`--join`); once in a run, the nemesis has
-    /// an operator replace a member with it through the admin API (add node 4, then remove
-    /// a member), amid the other faults. The removed node keeps running.
+    /// One more host runs a node started to join (`--join`); once in a run, the nemesis has
+    /// an operator replace a member with it through the admin API (add node N+1, then
+    /// remove a member), amid the other faults. The removed node keeps running.
     #[arg(long)]
     membership_faults: bool,
     /// Every node snapshots each shard every 50 entries or 4 KiB of them (instead of 20,000
@@ -507,9 +512,16 @@ fn sim_cluster(a: ClusterArgs) -> Result<(), CliError> {
             "--seeds, --shards and --clients must be at least 1".into(),
         ));
     }
+    if !(3..=7).contains(&a.nodes) {
+        return Err(CliError::Settings(format!(
+            "--nodes {}: the simulation runs 3 to 7 members (e.g. --nodes 5)",
+            a.nodes
+        )));
+    }
     let base = Options {
         seed: a.seed,
         duration: std::time::Duration::from_nanos(a.duration),
+        nodes: a.nodes,
         shards: a.shards,
         clients: a.clients,
         failover_clients: a.failover_clients,

@@ -14,10 +14,10 @@ use quorate::sim::cluster::{
 use std::time::Duration;
 
 /// Seeds in the sweep (per test; four tests share the sweep so both cores work). The other
-/// tests of this file sweep 44 more seeds of their own kinds (30 clients, failover clients,
+/// tests of this file sweep 48 more seeds of their own kinds (30 clients, failover clients,
 /// slot sharding, quick restarts, retrying clients, checks of two items, fallbacks,
-/// handovers, a member replaced, snapshots, leaders' disks stalled), 84 in all on the debug
-/// build; `.ci/run` adds 350 seeds on the release build, where a seed runs ~5x faster. Each
+/// handovers, a member replaced, snapshots, leaders' disks stalled, leaders crashed, five
+/// members), 88 in all on the debug build; `.ci/run` adds 370 seeds on the release build, where a seed runs ~5x faster. Each
 /// seed runs in a `quorate` process of its own, so a failing seed's printed command replays
 /// exactly its run. Override with QUORATE_SIM_SEEDS (per test) for a longer local run.
 fn seeds_per_part() -> u64 {
@@ -364,6 +364,25 @@ fn a_member_replaced_amid_faults_keeps_every_bound() {
     };
     let s = sweep_seeds(&base, 1, 3);
     assert_eq!(s.replaced, 3, "a replacement did not go through");
+}
+
+/// Five members, each a voter of every shard (a majority is three), under the whole
+/// nemesis with every client option, handovers, a member replaced through the admin API
+/// (node 6 added, one removed), small snapshots and disk stalls: every checker holds as
+/// with three. `.ci/run` runs 20 more seeds of five members.
+#[test]
+fn five_members_keep_every_bound_under_every_fault() {
+    let base = Options {
+        nodes: 5,
+        membership_faults: true,
+        handover_faults: true,
+        small_snapshots: true,
+        disk_stalls: true,
+        ..every_client_option()
+    };
+    let s = sweep_seeds(&base, 1, 2);
+    assert_eq!(s.replaced, 2, "a replacement did not go through");
+    assert!(s.snapshots_installed > 0 && s.disk_stalls > 0 && s.handovers > 0);
 }
 
 /// The removed node runs on, and campaigns once no leader sends it anything. Until it

@@ -11,9 +11,12 @@
 //!   found at a start may have lost its `committed`: see [`Votes::record`]). A
 //!   node that lost a saved vote (in a crash) could grant a lower-named candidate of a term
 //!   it had already voted in, and two candidates could each count it toward a majority;
-//! - a node that saves its own leadership (a committed vote for itself) was granted by at
-//!   least one other node: some other node's last vote is at least its own. Every voter
-//!   set the simulation forms has a majority of two or more.
+//! - a node that saves its own leadership (a committed vote for itself) was granted by
+//!   enough other nodes for a majority of the cluster's first members (`--nodes`: one of
+//!   3, two of 5, three of 7): that many other nodes' last votes are at least its own. A
+//!   vote is never taken back, so a grant stays counted; a vote for a higher candidate is
+//!   counted too, which only loosens the check. While a member is replaced the voters are
+//!   one more, and their majority needs as many other votes or one more: still a lower bound.
 //!
 //! What this cannot see: a vote granted and then lost in a crash before the store reported
 //! it (the restart's vote is then compared with an older one).
@@ -24,8 +27,10 @@ use crate::raft::hooks::VoteSaved;
 use crate::raft::{GroupId, NodeId};
 use std::collections::BTreeMap;
 
-#[derive(Debug, Default)]
+#[derive(Debug)]
 pub struct Votes {
+    /// Other nodes' votes a leader needs: a majority of the first members, less its own.
+    others_needed: usize,
     /// Per (shard, node): the last vote saved or restored.
     last: BTreeMap<(GroupId, NodeId), VoteSaved>,
     violations: Vec<String>,
@@ -51,7 +56,25 @@ fn show(v: &VoteSaved) -> String {
     )
 }
 
+impl Default for Votes {
+    /// For the default three members.
+    fn default() -> Votes {
+        Votes::new(3)
+    }
+}
+
 impl Votes {
+    /// The checker of a cluster of `members` voters from the start.
+    pub fn new(members: usize) -> Votes {
+        Votes {
+            others_needed: members / 2,
+            last: BTreeMap::new(),
+            violations: Vec::new(),
+            saved: 0,
+            restored: 0,
+        }
+    }
+
     pub fn record(&mut self, at: Nanos, v: &VoteSaved) {
         if v.restored {
             self.restored += 1;
@@ -84,16 +107,22 @@ impl Votes {
             }
         }
         if v.committed && v.leader == v.node && !v.restored {
-            let granted = self.last.iter().any(|((group, node), other)| {
-                *group == v.group && *node != v.node && rank(other) >= (v.term, v.leader, false)
-            });
-            if !granted {
+            let granted = self
+                .last
+                .iter()
+                .filter(|((group, node), other)| {
+                    *group == v.group && *node != v.node && rank(other) >= (v.term, v.leader, false)
+                })
+                .count();
+            if granted < self.others_needed {
                 self.violations.push(format!(
-                    "{} n{} leads shard {} in term {} with no other node's vote",
+                    "{} n{} leads shard {} in term {} with {granted} other node's vote(s) of \
+                     the {} a majority needs",
                     secs(at),
                     v.node,
                     v.group,
-                    v.term
+                    v.term,
+                    self.others_needed
                 ));
             }
         }
@@ -128,7 +157,11 @@ mod tests {
     }
 
     fn violations(votes: &[VoteSaved]) -> Vec<String> {
-        let mut v = Votes::default();
+        violations_of(3, votes)
+    }
+
+    fn violations_of(members: usize, votes: &[VoteSaved]) -> Vec<String> {
+        let mut v = Votes::new(members);
         for (i, x) in votes.iter().enumerate() {
             v.record(i as Nanos * 1_000_000, x);
         }
@@ -191,8 +224,33 @@ mod tests {
         ]);
         assert!(
             lone.len() == 1
-                && lone[0].contains("n3 leads shard 3 in term 7 with no other node's vote"),
+                && lone[0].contains(
+                    "n3 leads shard 3 in term 7 with 0 other node's vote(s) of the 1 a majority needs"
+                ),
             "{lone:?}"
         );
+    }
+
+    #[test]
+    fn a_leader_of_five_needs_two_other_votes() {
+        // Term 4: n2 grants n3; n1 votes for itself (lower-named: not a grant of n3).
+        let one_other = [
+            vote(3, 4, 3, false),
+            vote(2, 4, 3, false),
+            vote(1, 4, 1, false),
+            vote(3, 4, 3, true),
+        ];
+        assert_eq!(violations_of(3, &one_other), Vec::<String>::new());
+        let five = violations_of(5, &one_other);
+        assert!(
+            five.len() == 1
+                && five[0]
+                    .contains("n3 leads shard 3 in term 4 with 1 other node's vote(s) of the 2"),
+            "{five:?}"
+        );
+        // n4 grants it too: a majority of five.
+        let mut two_others = one_other.to_vec();
+        two_others.insert(3, vote(4, 4, 3, false));
+        assert_eq!(violations_of(5, &two_others), Vec::<String>::new());
     }
 }

@@ -1,4 +1,5 @@
-//! `quorate sim cluster`: the deterministic simulation of a 3-node cluster under faults.
+//! `quorate sim cluster`: the deterministic simulation of a 3-node cluster (or up to 7
+//! members, `--nodes`) under faults.
 //!
 //! turmoil runs every node — the REAL node, `Node::start_member`, with its WAL, Raft groups,
 //! peer transport and RESP API — as a simulated host on one thread, over simulated sockets
@@ -114,6 +115,7 @@ pub struct Options {
     pub seed: u64,
     /// How long clients and the nemesis run; healing and checks follow.
     pub duration: Duration,
+    /// The cluster's members from the start (`--nodes`), each a voter of every shard.
     pub nodes: usize,
     pub shards: u32,
     /// How the nodes spread keys over shards (`--sharding`).
@@ -166,8 +168,11 @@ pub struct Options {
     /// 1-350 ms later, which loses what it had not written. Off by default, so that seeds
     /// replay as they did before the option existed.
     pub disk_stalls: bool,
-    /// Every pick of the nemesis crashes a shard's leader (restarted at the next pick, which
-    /// waits until another node leads each shard it led): the failover times in the report.
+    /// `--crash-leaders`: every pick of the nemesis restarts the node it crashed last and
+    /// crashes a shard's leader; the next pick waits until another node leads each shard
+    /// the crashed one led (up to 20 s), then at least `fault_every.0` more (no more when
+    /// the 20 s ran out). The failover
+    /// times are in the report ([`Report::failovers`]).
     pub crash_leaders: bool,
     pub keys: usize,
     /// Each client waits a uniform time in this range (ms) between operations.
@@ -360,6 +365,9 @@ pub fn reproduce(opts: &Options) -> String {
         opts.seed,
         opts.duration.as_secs()
     );
+    if opts.nodes != d.nodes {
+        cmd += &format!(" --nodes {}", opts.nodes);
+    }
     if opts.shards != d.shards {
         cmd += &format!(" --shards {}", opts.shards);
     }
@@ -502,7 +510,10 @@ fn run_checked(opts: &Options) -> Report {
     let names: Vec<String> = (1..=hosts).map(|i| format!("n{i}")).collect();
     let ips: Vec<_> = names.iter().map(|n| sim.lookup(n.as_str())).collect();
     let log = Arc::new(Mutex::new(AppliedLog::default()));
-    let history = Arc::new(Mutex::new(History::default()));
+    let history = Arc::new(Mutex::new(History {
+        votes: check_vote::Votes::new(opts.nodes),
+        ..History::default()
+    }));
     let policies = workload::policies();
     let nodes = hosts::handles(
         opts,

@@ -148,6 +148,7 @@ fn child(exe: &Path, opts: &Options, trace: Option<&Path>) -> Command {
     cmd.args(["sim", "cluster", "--seeds", "1", "--json"])
         .args(["--seed", &opts.seed.to_string()])
         .args(["--duration", &format!("{}ns", opts.duration.as_nanos())])
+        .args(["--nodes", &opts.nodes.to_string()])
         .args(["--shards", &opts.shards.to_string()])
         .args(["--clients", &opts.clients.to_string()]);
     cmd.args(["--sharding", opts.sharding.name()]);
@@ -323,8 +324,9 @@ impl Sweep {
         let o = &self.ops;
         let _ = writeln!(
             t,
-            "quorate sim cluster: {} seed(s), {} s simulated ({:.2} h)",
+            "quorate sim cluster: {} seed(s) of {} nodes, {} s simulated ({:.2} h)",
             self.seeds,
+            base.nodes,
             secs(self.simulated.as_nanos() as u64),
             self.simulated.as_secs_f64() / 3600.0
         );

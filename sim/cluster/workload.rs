@@ -29,7 +29,8 @@ use std::time::Duration;
 /// Limits are small so hot keys hit them all the time. The last three answer by
 /// `on_unavailable = "local"` or `"allow"` when their shard cannot decide; clients spend them
 /// only with `--fallback-clients` (each node's share of a `local` limit over 3 voters is
-/// a third of it: 1 per second with a burst of 2, and 2 per 2 s).
+/// a third of it: 1 per second with a burst of 2, and 2 per 2 s; over 5, a fifth, at
+/// least 1).
 pub const POLICIES: &str = r#"
 [limits.tb_strict]
 algorithm = "token_bucket"

@@ -104,12 +104,71 @@ where C: RaftTypeConfig
     /// (votes of one term order by node id), and a round is lost.
     pub(crate) seen_term: u64,
 
-    /// (quorate) This node refused a candidate for a shorter log while it had no leader to
-    /// follow (the cases are in `handle_vote_req`): the vote it held then, the refused
-    /// candidate's, and when. The peer has timed out, and a node with this node's log or a
-    /// longer one is the likelier winner, so this node campaigns soon instead of at the end
-    /// of its own timeout ([`Engine::hurried`]). Cleared when it campaigns.
-    pub(crate) hurry: Option<(Vote<C::NodeId>, Vote<C::NodeId>, <C::AsyncRuntime as AsyncRuntime>::Instant)>,
+    /// (quorate) Set when this node refused a candidate for a shorter log while it had no
+    /// leader to follow ([`Hurry`]); cleared when it campaigns.
+    pub(crate) hurry: Option<Hurry<C>>,
+}
+
+/// (quorate) This node refused a candidate for a shorter log while it had no leader to
+/// follow: the vote it held then, the refused candidate's, and when. The peer has timed
+/// out, and a node with this node's log or a longer one is the likelier winner, so this
+/// node campaigns soon instead of at the end of its own election timeout. Both rules are
+/// here: when a refusal starts it ([`Hurry::on_refusal`]) and while it still holds
+/// ([`Hurry::holds`]).
+#[derive(Debug)]
+pub(crate) struct Hurry<C: RaftTypeConfig> {
+    held: Vote<C::NodeId>,
+    refused: Vote<C::NodeId>,
+    since: <C::AsyncRuntime as AsyncRuntime>::Instant,
+}
+
+impl<C: RaftTypeConfig> Hurry<C> {
+    /// This node, holding vote `held` (last touched at `held_utime`, with leases of
+    /// `lease`; `leading`: it leads or campaigns itself), refuses at `now` the candidate
+    /// `refused` for its shorter log. A hurry if it has no leader to follow: its leader's
+    /// lease has lapsed, it campaigns itself, or the vote it holds is this very candidate's
+    /// (taken from a refusal of its own request). Not while it holds another candidate's
+    /// vote, who may be about to win, nor for a stale request.
+    pub(crate) fn on_refusal(
+        held: &Vote<C::NodeId>,
+        held_utime: <C::AsyncRuntime as AsyncRuntime>::Instant,
+        lease: Duration,
+        leading: bool,
+        refused: &Vote<C::NodeId>,
+        now: <C::AsyncRuntime as AsyncRuntime>::Instant,
+    ) -> Option<Self> {
+        let lapsed = held.is_committed() && now > held_utime + lease;
+        let no_leader = lapsed || leading || held.leader_id() == refused.leader_id();
+        (no_leader && refused.leader_id().term >= held.leader_id().term).then(|| Hurry {
+            held: held.clone(),
+            refused: refused.clone(),
+            since: now,
+        })
+    }
+
+    /// Whether node `id`, holding `vote` (last touched at `vote_utime`), campaigns at `now`
+    /// without waiting out its election timeout: `after` has passed since the refusal, and
+    /// no leader is known to have come since. The vote it holds must be the one it held
+    /// then, untouched (no heartbeat from that leader since), or, uncommitted, its own or
+    /// the refused candidate's: any other is a leader heard from, or a candidate this node
+    /// voted for and that may win; the refused one may still win on the votes of others,
+    /// whose first entries then reach this node within `after`.
+    pub(crate) fn holds(
+        &self,
+        id: &C::NodeId,
+        vote: &Vote<C::NodeId>,
+        vote_utime: Option<<C::AsyncRuntime as AsyncRuntime>::Instant>,
+        now: <C::AsyncRuntime as AsyncRuntime>::Instant,
+        after: Duration,
+    ) -> bool {
+        let still = if *vote == self.held {
+            vote_utime.map_or(true, |t| t <= self.since)
+        } else {
+            !vote.is_committed()
+                && (vote.leader_id().voted_for().as_ref() == Some(id) || vote.leader_id() == self.refused.leader_id())
+        };
+        still && now >= self.since + after
+    }
 }
 
 impl<C> Engine<C>
@@ -278,27 +337,17 @@ where C: RaftTypeConfig
     }
 
     /// (quorate) Whether to campaign now, at `now`, without waiting out the election
-    /// timeout: `after` has passed since this node refused a shorter log's candidate with
-    /// no leader to follow ([`Engine::hurry`]), and no leader is known to have come since.
-    /// The vote it holds must be the one it held then, untouched (no heartbeat from that
-    /// leader since), or, uncommitted, its own or the refused candidate's (taken from that
-    /// candidate's refusal of this node's own request): any other is a leader heard from,
-    /// or a candidate this node voted for and that may win; the refused one may still win
-    /// on the votes of others, whose first entries then reach this node within `after`.
+    /// timeout: a [`Hurry`] started at least `after` ago still holds.
     pub(crate) fn hurried(&self, now: <C::AsyncRuntime as AsyncRuntime>::Instant, after: Duration) -> bool {
-        let Some((held, refused, since)) = &self.hurry else {
-            return false;
-        };
-        let vote = self.state.vote_ref();
-        let untouched = self.state.vote_last_modified().map_or(true, |t| t <= *since);
-        let still = if vote == held {
-            untouched
-        } else {
-            !vote.is_committed()
-                && (vote.leader_id().voted_for().as_ref() == Some(&self.config.id)
-                    || vote.leader_id() == refused.leader_id())
-        };
-        still && now >= *since + after
+        self.hurry.as_ref().is_some_and(|h| {
+            h.holds(
+                &self.config.id,
+                self.state.vote_ref(),
+                self.state.vote_last_modified(),
+                now,
+                after,
+            )
+        })
     }
 
     pub(crate) fn candidate_ref(&self) -> Option<&Candidate<C, LeaderQuorumSet<C::NodeId>>> {
@@ -391,16 +440,10 @@ where C: RaftTypeConfig
             // The res is not used yet.
             // let _res = Err(RejectVoteRequest::ByLastLogId(self.state.last_log_id().copied()));
 
-            // (quorate) With no leader to follow (its leader's lease has lapsed, this node
-            // campaigns itself, or the vote it holds is this very candidate's, taken from a
-            // refusal of its own request), campaign soon: see `hurry`. Not while it holds
-            // another candidate's vote, who may be about to win, nor for a stale request.
-            let lapsed = vote.is_committed() && now > vote_utime + lease;
-            let no_leader = lapsed
-                || self.state.is_leading(&self.config.id)
-                || vote.leader_id() == req.vote.leader_id();
-            if no_leader && req.vote.leader_id().term >= vote.leader_id().term {
-                self.hurry = Some((vote.clone(), req.vote.clone(), now));
+            // (quorate) With no leader to follow, campaign soon: see `Hurry`.
+            let leading = self.state.is_leading(&self.config.id);
+            if let Some(h) = Hurry::on_refusal(vote, vote_utime, lease, leading, &req.vote, now) {
+                self.hurry = Some(h);
             }
 
             // Return the updated vote, this way the candidate knows which vote is granted, in case
