@@ -14,10 +14,10 @@ use quorate::sim::cluster::{
 use std::time::Duration;
 
 /// Seeds in the sweep (per test; four tests share the sweep so both cores work). The other
-/// tests of this file sweep 48 more seeds of their own kinds (30 clients, failover clients,
+/// tests of this file sweep 47 more seeds of their own kinds (30 clients, failover clients,
 /// slot sharding, quick restarts, retrying clients, checks of two items, fallbacks,
 /// handovers, a member replaced, snapshots, leaders' disks stalled, leaders crashed, five
-/// members), 88 in all on the debug build; `.ci/run` adds 370 seeds on the release build, where a seed runs ~5x faster. Each
+/// members), 87 in all on the debug build; `.ci/run` adds 370 seeds on the release build, where a seed runs ~5x faster. Each
 /// seed runs in a `quorate` process of its own, so a failing seed's printed command replays
 /// exactly its run. Override with QUORATE_SIM_SEEDS (per test) for a longer local run.
 fn seeds_per_part() -> u64 {
@@ -380,8 +380,8 @@ fn five_members_keep_every_bound_under_every_fault() {
         disk_stalls: true,
         ..every_client_option()
     };
-    let s = sweep_seeds(&base, 1, 2);
-    assert_eq!(s.replaced, 2, "a replacement did not go through");
+    let s = sweep_seeds(&base, 1, 1);
+    assert_eq!(s.replaced, 1, "the replacement did not go through");
     assert!(s.snapshots_installed > 0 && s.disk_stalls > 0 && s.handovers > 0);
 }
 

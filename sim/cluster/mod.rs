@@ -171,8 +171,7 @@ pub struct Options {
     /// `--crash-leaders`: every pick of the nemesis restarts the node it crashed last and
     /// crashes a shard's leader; the next pick waits until another node leads each shard
     /// the crashed one led (up to 20 s), then at least `fault_every.0` more (no more when
-    /// the 20 s ran out). The failover
-    /// times are in the report ([`Report::failovers`]).
+    /// the 20 s ran out). The failover times are in the report ([`Report::failovers`]).
     pub crash_leaders: bool,
     pub keys: usize,
     /// Each client waits a uniform time in this range (ms) between operations.
