@@ -304,6 +304,15 @@ async fn refusing_addr() -> SocketAddr {
 }
 
 fn client_of(nodes: &[SocketAddr], timeout: Duration, down_for: Duration) -> Client {
+    client_failing_back(nodes, timeout, down_for, Duration::from_millis(300))
+}
+
+fn client_failing_back(
+    nodes: &[SocketAddr],
+    timeout: Duration,
+    down_for: Duration,
+    failback_after: Duration,
+) -> Client {
     Client::with_nodes(
         nodes.iter().copied(),
         TcpConnector,
@@ -312,7 +321,7 @@ fn client_of(nodes: &[SocketAddr], timeout: Duration, down_for: Duration) -> Cli
             timeout,
             jitter_seed: 7,
             down_for,
-            failback_after: Duration::from_millis(300),
+            failback_after,
             // These tests are about failover between nodes; routing is tested on a real
             // cluster (tests/cluster_process.rs).
             routes_every: None,
@@ -326,21 +335,25 @@ fn client_of(nodes: &[SocketAddr], timeout: Duration, down_for: Duration) -> Cli
 async fn a_client_of_several_nodes_uses_the_next_while_the_first_refuses_and_returns_to_it() {
     let first = refusing_addr().await;
     let second = node(|_| {}).await;
-    let c = client_of(
+    // A failback of 1 s leaves a slow machine most of a second between the two checks
+    // below that tell "not yet" from "back".
+    let c = client_failing_back(
         &[first, second],
         Duration::from_secs(2),
         Duration::from_millis(100),
+        Duration::from_secs(1),
     );
     // The first node refuses: the call goes to the second at once, and so does the next.
     assert_eq!(c.throttle("fo", 15, 30, 60, 1).await.unwrap().remaining, 15);
     assert_eq!(c.throttle("fo", 15, 30, 60, 1).await.unwrap().remaining, 14);
-    // The first node starts; once the connection to the second is `failback_after` old,
-    // the client goes back to the first (a fresh bucket there).
+    // The first node starts (and is no longer passed over: `down_for` is 100 ms); once the
+    // connection to the second is `failback_after` old, the client goes back to the first
+    // (a fresh bucket there).
     node_on(first, |_| {}).await;
     tokio::time::sleep(Duration::from_millis(150)).await;
-    // Not before: the connection to the second node is younger than 300 ms.
+    // Not before: the connection to the second node is younger than 1 s.
     assert_eq!(c.throttle("fo", 15, 30, 60, 1).await.unwrap().remaining, 13);
-    tokio::time::sleep(Duration::from_millis(300)).await;
+    tokio::time::sleep(Duration::from_millis(1000)).await;
     assert_eq!(c.throttle("fo", 15, 30, 60, 1).await.unwrap().remaining, 15);
     assert_eq!(c.throttle("fo", 15, 30, 60, 1).await.unwrap().remaining, 14);
 }

@@ -136,6 +136,19 @@ async fn remaining(c: &Client, limit: &str, key: &str) -> u64 {
     panic!("no peek answer for {limit}/{key}");
 }
 
+/// Reads `read()` every 200 ms until `done` holds of it or `limit` has passed; the last
+/// reading either way (for the caller's assert to show). Blocks the calling thread.
+fn poll<T>(limit: Duration, mut read: impl FnMut() -> T, done: impl Fn(&T) -> bool) -> T {
+    let started = Instant::now();
+    loop {
+        let value = read();
+        if done(&value) || started.elapsed() > limit {
+            return value;
+        }
+        std::thread::sleep(Duration::from_millis(200));
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn every_node_answers_and_the_limit_holds_across_them() {
     let cluster = blocking(|| Cluster::start(3, &policies(), &[]));
@@ -153,8 +166,20 @@ async fn every_node_answers_and_the_limit_holds_across_them() {
     for c in &clients {
         assert_eq!(remaining(c, "small", "shared").await, 0);
     }
-    // Every node sees the same leader for every shard, and every member leads some.
-    let views: Vec<_> = (0..3).map(|i| blocking(|| cluster.leaders(i))).collect();
+    // Every node sees the same leader for every shard (once the members' views have
+    // settled: a slow machine may still be electing), and every member leads some.
+    let views = blocking(|| {
+        poll(
+            Duration::from_secs(10),
+            || (0..3).map(|i| cluster.leaders(i)).collect::<Vec<_>>(),
+            |v| {
+                v[0].len() == SHARDS
+                    && v[0].iter().all(Option::is_some)
+                    && v[0] == v[1]
+                    && v[1] == v[2]
+            },
+        )
+    });
     assert_eq!(views[0].len(), SHARDS);
     assert!(views[0].iter().all(Option::is_some));
     assert_eq!(views[0], views[1]);
@@ -241,14 +266,11 @@ async fn every_node_answers_and_the_limit_holds_across_them() {
         let _ = s.write_all(&[0x42; 64]);
         let _ = s.read_to_end(&mut Vec::new());
     }
-    let started = Instant::now();
-    let metrics = loop {
-        let m = http("/metrics");
-        if count(&m, "handshake_failed") > before || started.elapsed() > Duration::from_secs(10) {
-            break m;
-        }
-        std::thread::sleep(Duration::from_millis(200));
-    };
+    let metrics = poll(
+        Duration::from_secs(10),
+        || http("/metrics"),
+        |m| count(m, "handshake_failed") > before,
+    );
     assert!(
         count(&metrics, "handshake_failed") > before,
         "{before}: {metrics}"
@@ -257,21 +279,18 @@ async fn every_node_answers_and_the_limit_holds_across_them() {
     // dials it): three among three members, more with knocks and redials. Not member 1's
     // alone, which is the lowest id: it counts only the knocks of peers that wanted a
     // connection before it dialed them, one of two in a CI run.
-    let started = Instant::now();
-    let authenticated = loop {
-        let sum: u64 = cluster
-            .members
-            .iter()
-            .map(|m| {
-                let m = blocking(|| cluster_support::http(m.http, "GET", "/metrics", ""));
-                count(&m, "authenticated")
-            })
-            .sum();
-        if sum >= 3 || started.elapsed() > Duration::from_secs(10) {
-            break sum;
-        }
-        std::thread::sleep(Duration::from_millis(200));
-    };
+    let authenticated = poll(
+        Duration::from_secs(10),
+        || {
+            (cluster.members.iter())
+                .map(|m| {
+                    let m = blocking(|| cluster_support::http(m.http, "GET", "/metrics", ""));
+                    count(&m, "authenticated")
+                })
+                .sum::<u64>()
+        },
+        |sum| *sum >= 3,
+    );
     assert!(
         authenticated >= 3,
         "{authenticated} authenticated: {metrics}"
@@ -1350,8 +1369,12 @@ fn undecided(answer: &Answer) -> bool {
 /// A counter from member `i`'s `/metrics`.
 fn metric(cluster: &Cluster, i: usize, name: &str) -> u64 {
     let answer = blocking(|| cluster_support::http(cluster.members[i].http, "GET", "/metrics", ""));
-    answer
-        .lines()
+    metric_in(&answer, name)
+}
+
+/// The value of the sample `name` (with its labels) in a `/metrics` answer; 0 if absent.
+fn metric_in(text: &str, name: &str) -> u64 {
+    text.lines()
         .find_map(|l| l.strip_prefix(name)?.trim().parse::<f64>().ok())
         .unwrap_or(0.0) as u64
 }
@@ -1431,8 +1454,12 @@ async fn fast_only_entries_linger_without_holding_up_any_caller() {
         if held {
             assert!(added <= 3, "41 checks within 0.8 s took {added} entries");
         } else {
+            // One entry each here (41) when each commits within the 5 ms; at least 8
+            // still tells "held" (3 at most) apart on a machine slow enough to take up to
+            // about 30 ms a commit. (It shows that the held bound can fail, not what
+            // `--fast-linger 0` itself does: a linger of 20 ms would pass it too.)
             assert!(
-                added >= 12,
+                added >= 8,
                 "control: 41 checks 5 ms apart took only {added} entries"
             );
         }
@@ -1866,13 +1893,29 @@ async fn leadership_returns_to_a_member_of_five_by_handover() {
         "shard 0 back at member 1 {:?} after the resume",
         resumed.elapsed()
     );
-    let sum = |name: &str| (1..5).map(|i| metric(&cluster, i, name)).sum::<u64>();
-    let handed = sum("quorate_leader_handovers_total{result=\"done\"}");
+    // The counters of one scrape of each member, read again until every handover counted
+    // as done has had its gap timed (a member times the gap just before it counts the
+    // handover, so a scrape can fall between the two).
+    let (handed, timed, quick) = blocking(|| {
+        poll(
+            Duration::from_secs(10),
+            || {
+                let texts: Vec<String> = (1..5)
+                    .map(|i| cluster_support::http(cluster.members[i].http, "GET", "/metrics", ""))
+                    .collect();
+                let sum = |name: &str| texts.iter().map(|t| metric_in(t, name)).sum::<u64>();
+                (
+                    sum("quorate_leader_handovers_total{result=\"done\"}"),
+                    sum("quorate_leader_handover_gap_seconds_count"),
+                    sum("quorate_leader_handover_gap_seconds_bucket{le=\"2\"}"),
+                )
+            },
+            |(handed, timed, _)| *handed >= 1 && timed == handed,
+        )
+    });
     assert!(handed >= 1, "no member counted a handover");
     // A handover with the lease waived leaves the shard without a leader for the time of
     // one election round (milliseconds); the slow way, for at least the lease (4 s).
-    let timed = sum("quorate_leader_handover_gap_seconds_count");
-    let quick = sum("quorate_leader_handover_gap_seconds_bucket{le=\"2\"}");
     assert_eq!(timed, handed);
     assert_eq!(
         quick,

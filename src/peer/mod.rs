@@ -387,7 +387,9 @@ pub struct PeerStats {
     /// Connections closed at once because `max_handshakes_per_addr` connections from the
     /// same address were still in the handshake.
     pub handshakes_refused: AtomicU64,
-    /// Requests answered [`PeerError::Busy`].
+    /// Requests answered [`PeerError::Busy`] for want of room while this server was
+    /// attached. (One that arrives on a dialed connection while no server is attached is
+    /// answered `Busy` too, but not counted: these counters are the server's.)
     pub busy: AtomicU64,
     /// Requests whose handler ran.
     pub handled: AtomicU64,
