@@ -253,10 +253,10 @@ async fn every_node_answers_and_the_limit_holds_across_them() {
     // metrics (published every second) count it beside the peers' authenticated ones. (Not
     // the only failure there may be: a peer's dial can time out while a member starts.)
     let count = |m: &str, result: &str| -> u64 {
-        let label = format!("quorate_peer_connections_total{{result=\"{result}\"}} ");
-        m.lines()
-            .find_map(|l| l.strip_prefix(label.as_str()))
-            .map_or(0, |n| n.trim().parse().unwrap())
+        metric_in(
+            m,
+            &format!("quorate_peer_connections_total{{result=\"{result}\"}} "),
+        )
     };
     let before = count(&http("/metrics"), "handshake_failed");
     {
