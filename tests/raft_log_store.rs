@@ -834,3 +834,72 @@ async fn a_deferred_committed_id_rides_on_another_groups_append_and_on_close() {
         vec![1, 2, 3]
     );
 }
+
+/// The positions in the WAL stream (as `Wal::open` returns it) of group `group`'s records of
+/// `kind`.
+fn positions(records: &[quorate::wal::Record], group: u64, kind: u8) -> Vec<usize> {
+    let at = records.iter().enumerate();
+    at.filter(|(_, r)| r.group == group && r.kind == kind)
+        .map(|(i, _)| i)
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[allow(clippy::await_holding_lock)] // The guard stalls the writer thread, not this task.
+async fn a_committed_id_saved_before_its_entries_are_synced_follows_them_in_the_log() {
+    // A leader commits on its followers' syncs before its own append is synced
+    // (vendor/README.md), so openraft may save a committed id naming entries still queued
+    // in the WAL. Written ahead of them, a crash between would leave a committed id past
+    // the log's end. (The store queues it behind them as an unsynced submission.)
+    let dir = tempfile::tempdir().unwrap();
+    let crashed = tempfile::tempdir().unwrap();
+    let node = open(dir.path(), options());
+    let (mut other, mut appender, mut saver) = (node.group(2), node.group(1), node.group(1));
+    let mut reader = saver.get_log_reader().await;
+    let held = node.wal().hold_writer();
+    // The writer takes group 2's append as a batch of its own and stops at the hold.
+    let first = tokio::spawn(async move {
+        other.blocking_append(entries(1, 1..=2)).await.unwrap();
+        other
+    });
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    // Group 1's append queues behind that batch; its entries commit (elsewhere) before
+    // they are synced here.
+    let second = tokio::spawn(async move { appender.blocking_append(entries(1, 1..=3)).await });
+    for _ in 0..200 {
+        if reader.try_get_log_entries(3..4).await.unwrap().len() == 1 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    saver.save_committed(Some(log_id(1, 1, 3))).await.unwrap();
+    assert_eq!(node.stats().0, 0, "the writer is held: nothing written yet");
+    drop(held);
+    let mut other = first.await.unwrap();
+    second.await.unwrap().unwrap();
+    other.blocking_append(entries(1, 3..=3)).await.unwrap();
+    for name in segments(dir.path()) {
+        std::fs::copy(dir.path().join(&name), crashed.path().join(&name)).unwrap();
+    }
+    let (_wal, records) =
+        quorate::wal::Wal::open_with(crashed.path(), options()).expect("open the copy");
+    let entries_at = positions(&records, 1, quorate::raft::log_store::kind::ENTRIES);
+    let committed_at = positions(&records, 1, quorate::raft::log_store::kind::COMMITTED);
+    assert_eq!(entries_at.len(), 1, "group 1's one append: {records:?}");
+    assert_eq!(
+        committed_at.len(),
+        1,
+        "the committed id was written: {records:?}"
+    );
+    assert!(
+        committed_at[0] > entries_at[0],
+        "the committed id (record {}) is written after the entries it names (record {})",
+        committed_at[0],
+        entries_at[0]
+    );
+    assert_eq!(
+        node.stats().0,
+        4,
+        "three appends and the committed id's unsynced submission"
+    );
+}
