@@ -17,9 +17,10 @@ use std::time::Duration;
 /// tests of this file sweep 47 more seeds of their own kinds (30 clients, failover clients,
 /// slot sharding, quick restarts, retrying clients, checks of two items, fallbacks,
 /// handovers, a member replaced, snapshots, leaders' disks stalled, leaders crashed, five
-/// members), 87 in all on the debug build; `.ci/run` adds 370 seeds on the release build, where a seed runs ~5x faster. Each
-/// seed runs in a `quorate` process of its own, so a failing seed's printed command replays
-/// exactly its run. Override with QUORATE_SIM_SEEDS (per test) for a longer local run.
+/// members), 87 in all on the debug build; `.ci/run` adds 370 seeds on the release build,
+/// where a seed runs ~5x faster. Each seed runs in a `quorate` process of its own, so a
+/// failing seed's printed command replays exactly its run. Override with QUORATE_SIM_SEEDS
+/// (per test) for a longer local run.
 fn seeds_per_part() -> u64 {
     std::env::var("QUORATE_SIM_SEEDS")
         .ok()
