@@ -672,11 +672,26 @@ const SLOW_ELECTIONS: [&str; 6] = [
     "1h",
 ];
 
-/// A new cluster (`--election-timeout 2s`); a settled leader of the shard of `limit`'s key
-/// "cut"; both its followers stopped (SIGSTOP) well inside its lease (80% of 2 s from its
-/// last commit) while five checks go to it, then resumed. What `five_checks` saw.
+/// [`SLOW_ELECTIONS`] with a 4 s election timeout: a leader's lease (80% of it from the
+/// proposal of the last entry a majority acknowledged) is 3.2 s, so a test that stops its
+/// followers soon after a commit and checks at once has seconds of room on a loaded
+/// machine (with 2 s, about 1.1 s).
+const LONG_LEASE: [&str; 6] = [
+    "--election-timeout",
+    "4s",
+    "--heartbeat",
+    "500ms",
+    "--eviction-interval",
+    "1h",
+];
+
+/// A new cluster ([`LONG_LEASE`]); a settled leader of the shard of `limit`'s key "cut";
+/// both its followers stopped (SIGSTOP) well inside its lease (3.2 s from the last of
+/// `settled_leader`'s checks, committed about 0.3 s before the stop) while five checks go
+/// to it, then resumed.
+/// What `five_checks` saw.
 async fn five_checks_with_the_followers_stopped(limit: &'static str) -> (u64, u64) {
-    let cluster = blocking(move || Cluster::start(3, &policies(), &SLOW_ELECTIONS));
+    let cluster = blocking(move || Cluster::start(3, &policies(), &LONG_LEASE));
     let (leader, at_leader) = settled_leader(&cluster, limit, "cut").await;
     let followers: Vec<usize> = (0..3).filter(|&i| i != leader).collect();
     blocking(|| followers.iter().for_each(|&i| cluster.signal(i, SIGSTOP)));
