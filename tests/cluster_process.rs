@@ -675,7 +675,7 @@ const SLOW_ELECTIONS: [&str; 6] = [
 /// [`SLOW_ELECTIONS`] with a 4 s election timeout: a leader's lease (80% of it from the
 /// proposal of the last entry a majority acknowledged) is 3.2 s, so a test that stops its
 /// followers soon after a commit and checks at once has seconds of room on a loaded
-/// machine (with 2 s, about 1.1 s).
+/// machine (with 2 s: 1.6 s less the time since that commit, about 1.1-1.3 s).
 const LONG_LEASE: [&str; 6] = [
     "--election-timeout",
     "4s",
