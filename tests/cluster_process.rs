@@ -688,8 +688,7 @@ const LONG_LEASE: [&str; 6] = [
 /// A new cluster ([`LONG_LEASE`]); a settled leader of the shard of `limit`'s key "cut";
 /// both its followers stopped (SIGSTOP) well inside its lease (3.2 s from the last of
 /// `settled_leader`'s checks, committed about 0.3 s before the stop) while five checks go
-/// to it, then resumed.
-/// What `five_checks` saw.
+/// to it, then resumed. What `five_checks` saw.
 async fn five_checks_with_the_followers_stopped(limit: &'static str) -> (u64, u64) {
     let cluster = blocking(move || Cluster::start(3, &policies(), &LONG_LEASE));
     let (leader, at_leader) = settled_leader(&cluster, limit, "cut").await;
