@@ -676,14 +676,11 @@ const SLOW_ELECTIONS: [&str; 6] = [
 /// proposal of the last entry a majority acknowledged) is 3.2 s, so a test that stops its
 /// followers soon after a commit and checks at once has seconds of room on a loaded
 /// machine (with 2 s: 1.6 s less the time since that commit, about 1.1-1.3 s).
-const LONG_LEASE: [&str; 6] = [
-    "--election-timeout",
-    "4s",
-    "--heartbeat",
-    "500ms",
-    "--eviction-interval",
-    "1h",
-];
+const LONG_LEASE: [&str; 6] = {
+    let mut flags = SLOW_ELECTIONS;
+    flags[1] = "4s"; // the value of `--election-timeout`
+    flags
+};
 
 /// A new cluster ([`LONG_LEASE`]); a settled leader of the shard of `limit`'s key "cut";
 /// both its followers stopped (SIGSTOP) well inside its lease (3.2 s from the last of
