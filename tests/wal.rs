@@ -262,6 +262,70 @@ async fn a_flipped_byte_in_a_synced_record_refuses_the_log_and_cuts_nothing() {
     );
 }
 
+/// Damage that takes a write's mark with it (a block of zeros, or of another file's bytes)
+/// cannot be followed through mark by mark; an intact mark after it that says the log was
+/// synced past it still refuses the log, and nothing is cut. Before, such damage was cut as a
+/// torn tail: 4 KiB of zeros in a synced log dropped every write after them, 512 at its
+/// start the whole log. In the last write of a log that did not close, the same zeros are a
+/// torn tail still.
+#[tokio::test]
+async fn a_block_of_zeros_or_noise_over_synced_writes_refuses_the_log_and_cuts_nothing() {
+    let dir = tempfile::tempdir().unwrap();
+    let records: Vec<Record> = (0..200u64)
+        .map(|i| rec(i % 3, 1, &[i as u8; 100]))
+        .collect();
+    write_log(dir.path(), &records).await;
+    let bytes = std::fs::read(segment(dir.path())).unwrap();
+    let middle = bytes.len() / 2;
+    let last_write = encoded_len(&records[..199]) as usize;
+    let closing = bytes.len() - MARK as usize;
+    let mut x = 0x9E37_79B9_7F4A_7C15u64;
+    let mut noise = || {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        x as u8
+    };
+    // (from, to, noise rather than zeros)
+    let cases = [
+        (middle, middle + 4096, false),
+        (0, 512, false),
+        (middle, middle + 4096, true),
+        // The last write, all of it: only the closing mark says it was synced.
+        (last_write, closing, false),
+    ];
+    for (from, to, noisy) in cases {
+        let mut damaged = bytes.clone();
+        for b in &mut damaged[from..to] {
+            *b = if noisy { noise() } else { 0 };
+        }
+        std::fs::write(segment(dir.path()), &damaged).unwrap();
+        let err = Wal::open(dir.path())
+            .err()
+            .unwrap_or_else(|| panic!("bytes {from}..{to} damaged, the log opened"));
+        assert_eq!(err.kind(), std::io::ErrorKind::InvalidData);
+        assert!(err.to_string().contains("replace the node"), "{err}");
+        assert_eq!(
+            std::fs::read(segment(dir.path())).unwrap(),
+            damaged,
+            "the log was changed"
+        );
+    }
+
+    // A crash: no mark after the last write says it was synced.
+    let crashed = tempfile::tempdir().unwrap();
+    let (wal, _) = Wal::open(crashed.path()).unwrap();
+    append_all(&wal, &records).await;
+    let copy = crash_copy(crashed.path());
+    drop(wal);
+    let mut torn = std::fs::read(segment(copy.path())).unwrap();
+    torn[last_write + 10..last_write + 60].fill(0);
+    std::fs::write(segment(copy.path()), &torn).unwrap();
+    let (_wal, found) = Wal::open(copy.path()).unwrap();
+    assert_eq!(found, records[..199]);
+    assert_eq!(file_len(copy.path()), last_write as u64);
+}
+
 /// The same flip in the last write of a log that did not close (a crash: nothing after that
 /// write says it was synced) is a torn tail: the log ends before that write. After a clean
 /// close, the closing mark says it was: refused.

@@ -17,16 +17,20 @@
 //! proves it was durable, so a disk damaged it since; cutting there would silently drop
 //! acknowledged entries and votes that the rest of the cluster counts on (a node that forgets
 //! its vote can vote twice in a term). The log is then refused with an error naming the
-//! offsets, and nothing is cut. Otherwise (no later mark says so: the writes after the last
-//! sync, a log written before sync marks, a second bad record) the bad record is a torn tail,
-//! and the log is cut at the start of the write holding it (nothing in a write that was not
-//! synced was acknowledged), so it always ends where a write ended and the marks' lengths
-//! keep leading to marks. Marks are read only where a length leads: a record's bytes (which
-//! a client chooses, through its keys) are never taken for a mark. The exception is a log
-//! begun by a build without marks (until its first compaction): a bad first record is taken
-//! for a mark there too, so the records after it are read from where a mark would end, and
-//! a mark found that way could refuse the log (the safe side: nothing is cut). In such a log,
-//! damage before its first mark is cut as a torn tail, as it was before marks.
+//! offsets, and nothing is cut. Where the damage took the marks with it (a block of zeros or
+//! of other bytes over a write's mark), they cannot be followed: recovery then looks at every
+//! offset after the bad record for an intact mark that says so, from which the marks lead to
+//! the log's end ([`mark_beyond`]). Otherwise (no later mark says so: the writes after the
+//! last sync, a log written before sync marks) the bad record is a torn tail, and the log is
+//! cut at the start of the write holding it (nothing in a write that was not synced was
+//! acknowledged), so it always ends where a write ended and the marks' lengths keep leading
+//! to marks. Following lengths, a record's bytes (which a client chooses, through its keys)
+//! are never taken for a mark; the search past damage looks through them, and
+//! [`mark_beyond`] says why that is safe. A log begun by a build without marks (until its
+//! first compaction) takes a bad first record for a mark too, so the records after it are
+//! read from where a mark would end, and a mark found that way could refuse the log (the safe
+//! side: nothing is cut). In such a log, damage before its first mark is cut as a torn tail,
+//! as it was before marks.
 //!
 //! A clean close ends the log with a write of a mark alone (see `writer`), so after one, the
 //! last write is covered too; after a crash, the writes since the last sync are not.
@@ -105,9 +109,16 @@ pub fn scan_file(file: &File, max_payload: u32) -> io::Result<Scanned> {
             // records follow it, each at the offset the one before gives, up to the next mark.
             next_mark(file, bad + SYNC_MARK_LEN as u64, file_len, max_payload)?
         };
-        let proof = match next {
+        let followed = match next {
             Some(at) => synced_past(file, at, bad, file_len)?,
             None => None,
+        };
+        // The damage may have taken the marks that lead past it with it (a zeroed or
+        // overwritten block): then the first intact mark after it that says so, if the
+        // marks from it lead to the log's end.
+        let proof = match followed {
+            Some(at) => Some(at),
+            None => mark_beyond(file, bad, file_len)?,
         };
         if let Some(mark_at) = proof {
             return Err(io::Error::new(
@@ -143,7 +154,7 @@ pub fn scan_file(file: &File, max_payload: u32) -> io::Result<Scanned> {
 pub fn cut_tail(file: &mut File, scanned: &Scanned) -> io::Result<u64> {
     let truncated = scanned.file_len.saturating_sub(scanned.valid_len);
     if truncated > 0 {
-        if zeros_from(file, scanned.valid_len)? {
+        if zeros_at(file, scanned.valid_len, scanned.file_len)? {
             // The writer's zero-filled room (see `WalOptions::preallocate_bytes`), left by a
             // crash or kill: nothing was torn.
             tracing::info!(
@@ -165,20 +176,6 @@ pub fn cut_tail(file: &mut File, scanned: &Scanned) -> io::Result<u64> {
     }
     file.seek(SeekFrom::Start(scanned.valid_len))?;
     Ok(truncated)
-}
-
-/// Whether every byte of `file` from `at` to its end is zero.
-fn zeros_from(file: &mut File, at: u64) -> io::Result<bool> {
-    file.seek(SeekFrom::Start(at))?;
-    let mut reader = BufReader::new(&*file);
-    let mut buf = [0u8; 8192];
-    loop {
-        match read_up_to(&mut reader, &mut buf)? {
-            0 => return Ok(true),
-            n if buf[..n].iter().any(|&b| b != 0) => return Ok(false),
-            _ => {}
-        }
-    }
 }
 
 /// Scans `file` from the start, truncates it after the last intact record (syncing the
@@ -315,6 +312,74 @@ fn synced_past(file: &File, mut at: u64, bad: u64, file_len: u64) -> io::Result<
         at = at.saturating_add(mark.len);
     }
     Ok(None)
+}
+
+/// The first offset after `bad` holding an intact sync mark that says the segment had been
+/// synced past `bad` (and no further than the mark itself), from which the marks lead, write
+/// by write, to the end of the log: the file's end, or the zero-filled room after the last
+/// write. Found by trying every offset, so that damage covering a write's mark and more (a
+/// block of zeros, a block of another file's bytes) cannot hide the writes synced after it.
+///
+/// A record's bytes are looked through here, so a client's key could hold a mark; but to
+/// refuse a torn tail with one, it would have to sit after the tear, in a write that was not
+/// synced, name an offset between the tear and itself, and its length lead to the log's end;
+/// and refusing is the safe side (nothing is cut; the node is replaced).
+fn mark_beyond(file: &File, bad: u64, file_len: u64) -> io::Result<Option<u64>> {
+    const CHUNK: usize = 1 << 20;
+    let want_len = ((SYNC_MARK_LEN - FRAME_HEADER) as u32).to_le_bytes();
+    let mut buf = vec![0u8; CHUNK + SYNC_MARK_LEN];
+    let mut from = bad + 1;
+    while from.saturating_add(SYNC_MARK_LEN as u64) <= file_len {
+        let n = (file_len - from).min(buf.len() as u64) as usize;
+        file.read_exact_at(&mut buf[..n], from)?;
+        let last = n - SYNC_MARK_LEN;
+        for i in 0..=last {
+            if buf[i..i + 4] != want_len {
+                continue;
+            }
+            let raw: &[u8; SYNC_MARK_LEN] = buf[i..i + SYNC_MARK_LEN].try_into().expect("sized");
+            let at = from + i as u64;
+            let Some(mark) = SyncMark::parse(raw) else {
+                continue;
+            };
+            if mark.synced > bad && mark.synced <= at && leads_to_end(file, at, file_len)? {
+                return Ok(Some(at));
+            }
+        }
+        from += last as u64 + 1;
+    }
+    Ok(None)
+}
+
+/// Whether the marks from the intact one at `at` lead, each by its length, to the end of the
+/// log: past the file's end (a last write torn short), or to zeros up to it.
+fn leads_to_end(file: &File, mut at: u64, file_len: u64) -> io::Result<bool> {
+    loop {
+        if at.saturating_add(SYNC_MARK_LEN as u64) > file_len {
+            return Ok(at >= file_len || zeros_at(file, at, file_len)?);
+        }
+        let mut raw = [0u8; SYNC_MARK_LEN];
+        file.read_exact_at(&mut raw, at)?;
+        match SyncMark::parse(&raw).filter(|m| m.synced <= at) {
+            Some(mark) if mark.len >= SYNC_MARK_LEN as u64 => at = at.saturating_add(mark.len),
+            Some(_) => return Ok(false),
+            None => return zeros_at(file, at, file_len),
+        }
+    }
+}
+
+/// Whether every byte of `file` from `at` to `end` is zero.
+fn zeros_at(file: &File, mut at: u64, end: u64) -> io::Result<bool> {
+    let mut buf = vec![0u8; 64 << 10];
+    while at < end {
+        let n = (end - at).min(buf.len() as u64) as usize;
+        file.read_exact_at(&mut buf[..n], at)?;
+        if buf[..n].iter().any(|&b| b != 0) {
+            return Ok(false);
+        }
+        at += n as u64;
+    }
+    Ok(true)
 }
 
 /// Fills `buf` as far as the reader allows; returns how many bytes it got (short only at EOF).
