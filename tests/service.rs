@@ -229,6 +229,48 @@ async fn a_retried_request_id_returns_the_first_answer_and_consumes_once() {
     assert_eq!(remaining(&s, "account", "bob").await, 1);
 }
 
+/// A request id names one check: under an id already used, a check of another key, limit
+/// or cost is decided afresh and remembered for itself, not given the first check's answer.
+/// Before, a shard replayed an id's first answer for any check under it: admitted, nothing
+/// spent, for any key on that shard, with the other limit's figures.
+#[tokio::test]
+async fn a_request_id_reused_for_another_check_gets_no_replay_of_the_first() {
+    let (s, _) = start(NodeConfig::default()).await;
+    let with_id = |limit: &str, key: &str, cost| {
+        let mut r = req(vec![item(limit, key, cost)]);
+        r.request_id = Some("reused".into());
+        r
+    };
+    assert!(s.check(with_id("account", "bob", 1)).await.unwrap().allowed);
+    // Keys enough that some share bob's shard, whatever the shard count.
+    let others: Vec<String> = (0..16).map(|i| format!("other-{i}")).collect();
+    let mut first = Vec::new();
+    for key in &others {
+        first.push(s.check(with_id("account", key, 1)).await.unwrap());
+        assert_eq!(
+            remaining(&s, "account", key).await,
+            1,
+            "{key} spent nothing"
+        );
+    }
+    // Another limit, another cost (2 of bob's 1 left: denied, as a replay would not be).
+    let ip = s.check(with_id("ip", "bob", 1)).await.unwrap();
+    assert_eq!(
+        ip.items[0].decision.limit, 3,
+        "answered with the ip limit's figures"
+    );
+    assert_eq!(remaining(&s, "ip", "bob").await, 2);
+    assert!(!s.check(with_id("account", "bob", 2)).await.unwrap().allowed);
+    // Each check's own retry replays its own answer and spends nothing more.
+    for (key, answer) in others.iter().zip(&first) {
+        assert_eq!(&s.check(with_id("account", key, 1)).await.unwrap(), answer);
+        assert_eq!(remaining(&s, "account", key).await, 1);
+    }
+    assert_eq!(s.check(with_id("ip", "bob", 1)).await.unwrap(), ip);
+    assert_eq!(remaining(&s, "ip", "bob").await, 2);
+    assert_eq!(remaining(&s, "account", "bob").await, 1);
+}
+
 #[tokio::test]
 async fn pipelined_checks_are_answered_once_each_in_order() {
     let (s, _) = start(NodeConfig::default()).await;

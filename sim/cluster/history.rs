@@ -53,7 +53,7 @@ pub struct Item {
 pub struct Op {
     pub client: usize,
     /// The operation's name, and the request id the client sent with it (the log carries
-    /// item `i` as `"{id}#{i}"`) unless `anonymous`.
+    /// item `i` under `item_request_id`) unless `anonymous`.
     pub id: String,
     /// Sent without a request id (`--multi-item-clients` sends a quarter of its checks of
     /// two items so): no retry, and the log cannot tie its decisions to it.
@@ -75,10 +75,11 @@ impl Op {
         } else {
             &self.items[..]
         };
-        items
-            .iter()
-            .enumerate()
-            .map(|(i, item)| (item_request_id(&self.id, i), item))
+        items.iter().enumerate().map(|(i, item)| {
+            // Every check costs 1; a policy's key prefix is `{policy}:`.
+            let storage_key = format!("{}:{}", item.policy, item.key);
+            (item_request_id(&self.id, i, 1, &storage_key), item)
+        })
     }
 
     /// The items as the trace shows them: `policy key`, joined by ` + `.

@@ -44,6 +44,9 @@ impl Resolved {
     /// The check command for this item. The storage key moves into it when `last_use`: a
     /// check of one item never needs it again (see [`crate::service::Service`]'s refunds).
     pub fn command(&mut self, request_id: Option<&str>, index: usize, last_use: bool) -> Command {
+        // Each item is remembered on its own shard under the request's id.
+        let request_id =
+            request_id.map(|id| item_request_id(id, index, self.cost, &self.storage_key));
         Command::Check {
             key: if last_use {
                 std::mem::take(&mut self.storage_key)
@@ -52,8 +55,7 @@ impl Resolved {
             },
             limit: self.limit.clone(),
             cost: self.cost,
-            // Each item is remembered on its own shard under the request's id.
-            request_id: request_id.map(|id| item_request_id(id, index)),
+            request_id,
             on_full: self.on_full,
         }
     }
@@ -79,7 +81,8 @@ impl Resolved {
             limit: self.limit.clone(),
             cost: self.cost,
             admitted_at,
-            request_id: request_id.map(|id| item_request_id(id, index)),
+            request_id: request_id
+                .map(|id| item_request_id(id, index, self.cost, &self.storage_key)),
             epoch,
         }
     }
@@ -92,9 +95,14 @@ pub fn never_passes(items: &[Resolved]) -> bool {
     items.len() > 1 && items.iter().any(Resolved::can_never_pass)
 }
 
-/// The id item `index` of a check with request id `id` is remembered under on its shard.
-pub fn item_request_id(id: &str, index: usize) -> String {
-    format!("{id}#{index}")
+/// The id item `index` of a check with request id `id` is remembered under on its shard:
+/// the request's id, the item's place, its cost and its key in the shard's table (the
+/// limit's prefix, then the key). A request id names one check: the same id on another key,
+/// limit or cost is another check, decided afresh, not given the first one's answer (which
+/// let one id admit any number of keys without spending). The id's length comes first, so
+/// no two (id, index, cost, key) give one string.
+pub fn item_request_id(id: &str, index: usize, cost: u64, storage_key: &str) -> String {
+    format!("{}:{id}#{index}#{cost}#{storage_key}", id.len())
 }
 
 fn invalid(message: impl Into<String>) -> CheckError {
