@@ -135,19 +135,31 @@ async fn a_check_with_an_item_that_can_never_pass_spends_nothing() {
         assert_eq!(remaining(&s, "ip", "10.0.0.6").await, 3);
     }
     // A retry under an id whose earlier attempt admitted the item that now can never pass
-    // (here the first attempt asked less of it; a reload lowering the capacity does the same)
-    // gets that admission replayed: the check passes, and its other items must be charged.
+    // (a reload lowered the capacity below its cost) gets that admission replayed: the check
+    // passes, and its other items must be charged.
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("quorate.toml");
+    std::fs::write(&path, POLICIES).unwrap();
+    let config = NodeConfig {
+        policies: Some(path.clone()),
+        ..NodeConfig::default()
+    };
+    let (reloaded, _) = start(config).await;
     let with_id = |items| CheckRequest {
         items,
         request_id: Some("n2".into()),
     };
-    let first = s.check(with_id(vec![item("account", "frank", 1)])).await;
+    let first = reloaded
+        .check(with_id(vec![item("account", "frank", 2)]))
+        .await;
     assert!(first.unwrap().allowed);
-    let retry = with_id(vec![item("account", "frank", 3), item("ip", "10.0.0.8", 1)]);
-    let r = s.check(retry).await.unwrap();
+    std::fs::write(&path, POLICIES.replace("burst = 2", "burst = 1")).unwrap();
+    assert_eq!(reloaded.reload().unwrap().changed, ["account"]);
+    let retry = with_id(vec![item("account", "frank", 2), item("ip", "10.0.0.8", 1)]);
+    let r = reloaded.check(retry).await.unwrap();
     assert!(r.allowed, "{r:?}");
     assert_eq!(
-        remaining(&s, "ip", "10.0.0.8").await,
+        remaining(&reloaded, "ip", "10.0.0.8").await,
         2,
         "admitted without charging the ip (it was only peeked at)"
     );
