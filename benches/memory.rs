@@ -7,6 +7,9 @@ use quorate::limiter::{
     fixed_window, gcra, leaky_queue, sliding_counter, sliding_log, token_bucket, Algorithm,
     KeyState, Limit, SECOND,
 };
+use quorate::policy::OnUnavailable;
+use quorate::shard::command::{Batch, Command};
+use quorate::shard::state::{Bounds, ShardState};
 use std::collections::HashMap;
 
 #[path = "../tests/support/counting_alloc.rs"]
@@ -68,6 +71,63 @@ fn main() {
         "size_of::<KeyState>() = {} B",
         std::mem::size_of::<KeyState>()
     );
+    println!();
+    shard_table();
+}
+
+/// Heap bytes per key of a shard's state as a node holds it (`ShardState`: the key table
+/// with each key's string, its limit and its state), 1M keys each admitted once through
+/// `ShardState::apply`, for two key shapes.
+fn shard_table() {
+    let limit = Limit::new(Algorithm::Gcra, 10, SECOND, 10).unwrap();
+    type KeyOf = fn(u64) -> String;
+    let keys: [(&str, KeyOf); 3] = [
+        ("`user:N` (6-11 B)", |k| format!("user:{k}")),
+        ("`tenant:acme-corp:user:N` (23-28 B)", |k| {
+            format!("tenant:acme-corp:user:{k}")
+        }),
+        // The longest key `--max-key-len` allows by default: a key flood's worst case.
+        ("512 B", |k| format!("{k:0>512}")),
+    ];
+    println!(
+        "A shard's state as a node holds it (`ShardState`: the key table with each key's \
+         string, its limit and its state), 1M GCRA keys each admitted once through \
+         `ShardState::apply`, heap bytes per key as the allocator was asked for them (its own \
+         rounding not counted):"
+    );
+    println!();
+    println!("| shard state, 1M GCRA keys | heap per key (B) |");
+    println!("|---|---:|");
+    for (name, key) in keys {
+        let base = counting_alloc::live();
+        let mut state = ShardState::new(Bounds {
+            max_keys: KEYS,
+            idempotency_horizon: 60 * SECOND,
+            max_request_ids: 1,
+        });
+        for (n, chunk) in (0..KEYS).collect::<Vec<_>>().chunks(1_000).enumerate() {
+            let commands = chunk
+                .iter()
+                .map(|&k| Command::Check {
+                    key: key(k),
+                    limit: limit.clone(),
+                    cost: 1,
+                    request_id: None,
+                    on_full: OnUnavailable::Deny,
+                })
+                .collect();
+            state.apply(&Batch {
+                time: n as u64,
+                commands,
+                later: Vec::new(),
+                epoch: 1,
+            });
+        }
+        assert_eq!(state.len() as u64, KEYS);
+        let bytes = (counting_alloc::live() - base) as f64 / KEYS as f64;
+        drop(state);
+        println!("| {name} | {bytes:.1} |");
+    }
 }
 
 /// Heap bytes per key for a map of the algorithm's own state type.

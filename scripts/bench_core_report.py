@@ -57,7 +57,7 @@ lines.append("")
 lines.append("### Bytes of state per key")
 lines.append("")
 with open(memory_md) as f:
-    lines.extend(l.rstrip("\n") for l in f if l.strip())
+    lines.extend(f.read().strip().split("\n"))
 lines.append("")
 lines.append("The sliding log's figure is for one timestamp per key; it grows by 16 B per distinct "
              "admission instant still in the window, up to `16 x limit` B.")

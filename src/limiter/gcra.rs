@@ -14,7 +14,7 @@
 use super::{check_period, Decision, Divisor, Nanos, Outcome, PolicyError};
 use serde::{Deserialize, Serialize};
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
 pub struct Policy {
     rate: Divisor,
     period: Divisor,

@@ -14,7 +14,7 @@ use super::{Decision, Nanos, PolicyError};
 use serde::{Deserialize, Serialize};
 
 /// The meter's parameters, read as a queue: `burst` is the queue's capacity.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
 pub struct Policy(gcra::Policy);
 
 impl Policy {

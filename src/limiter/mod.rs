@@ -159,7 +159,7 @@ pub(crate) fn check_period(period: Nanos) -> Result<(), PolicyError> {
 /// together; with `m = floor((2^64 - 1) / d)`, `(x m) >> 64` is `x / d` or one less, so one
 /// multiply and one correction give the exact quotient of any `u64` (larger dividends, which
 /// only extreme parameters produce, fall back to plain division). Serialised as `d` alone.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(from = "u64", into = "u64")]
 pub struct Divisor {
     d: u64,
@@ -276,7 +276,7 @@ pub(crate) fn carry_debt(
 
 /// `limit` units per window of `period`: the parameters of the fixed window and the
 /// sliding window counter, with the window length's reciprocal precomputed.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
 pub struct WindowPolicy {
     limit: u64,
     period: Divisor,
@@ -369,7 +369,7 @@ impl fmt::Display for Algorithm {
 }
 
 /// A validated limit of any algorithm.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize)]
 pub enum Limit {
     FixedWindow(fixed_window::Policy),
     SlidingLog(sliding_log::Policy),

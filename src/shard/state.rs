@@ -10,14 +10,41 @@ use super::table::{KeyTable, Part, PartRef};
 use crate::limiter::{Decision, KeyState, Limit, Nanos, Outcome, SECOND};
 use crate::policy::OnUnavailable;
 use std::cell::RefCell;
-use std::collections::BTreeSet;
+use std::collections::{BTreeSet, HashSet};
+use std::sync::Arc;
 
 /// A key's state and the limit that last decided it (eviction asks the limit whether the
-/// state is fresh).
+/// state is fresh). The limit is the shard's one copy of it ([`Limits`]): 8 bytes a key
+/// where the limit is 48, of an entry of 80 (a key's string, up to 24 bytes, included).
 #[derive(Debug, Clone)]
 struct Entry {
-    limit: Limit,
+    limit: Arc<Limit>,
     state: KeyState,
+}
+
+/// One copy of each limit the shard's keys are under, for their entries to share. Only a
+/// saving: a limit not found here (a copy of the state starts without them) gets a copy of
+/// its own, and entries compare limits by value. Limits no entry holds any longer go at each
+/// eviction, so there are never more than keys (a client may name a limit of its own per
+/// key, inline).
+#[derive(Debug, Clone, Default)]
+struct Limits(HashSet<Arc<Limit>>);
+
+impl Limits {
+    /// The shard's copy of `limit`, made if it has none.
+    fn get(&mut self, limit: &Limit) -> Arc<Limit> {
+        if let Some(shared) = self.0.get(limit) {
+            return shared.clone();
+        }
+        let shared = Arc::new(limit.clone());
+        self.0.insert(shared.clone());
+        shared
+    }
+
+    /// Forgets the limits only this set holds.
+    fn forget_unused(&mut self) {
+        self.0.retain(|l| Arc::strong_count(l) > 1);
+    }
 }
 
 /// Remembered answers for request ids, expiring after the horizon (oldest first), in chunks
@@ -154,7 +181,7 @@ where
     let mut seq = s.serialize_seq(Some(len))?;
     for part in parts {
         for (k, e) in part.iter() {
-            seq.serialize_element(&(k, &e.limit, &e.state))?;
+            seq.serialize_element(&(k.as_str(), &*e.limit, &e.state))?;
         }
     }
     seq.end()
@@ -198,6 +225,7 @@ struct Image {
 #[derive(Debug, Clone)]
 pub struct ShardState {
     keys: KeyTable<Entry>,
+    limits: Limits,
     ids: Idempotency,
     members: MemberHistory,
     bounds: Bounds,
@@ -228,6 +256,7 @@ impl ShardState {
     pub fn new(bounds: Bounds) -> Self {
         ShardState {
             keys: KeyTable::default(),
+            limits: Limits::default(),
             ids: Idempotency::default(),
             members: MemberHistory::default(),
             bounds,
@@ -292,7 +321,7 @@ impl ShardState {
             let mut state = match self.keys.get(key) {
                 // Stored under another limit (a reload changed it): applying would record
                 // the new limit, which eviction then judges the key by, so it must be logged.
-                Some(e) if e.limit != *limit => return None,
+                Some(e) if *e.limit != *limit => return None,
                 // A sliding log's state is one timestamp per admission in its window: too
                 // large to copy for each check under the state machine's lock.
                 Some(Entry {
@@ -389,13 +418,15 @@ impl ShardState {
                 // Only under the key's own limit: once a reload has changed it, the state is
                 // in the new limit's units, which this refund's (its admission's) cannot be
                 // read in, and nothing is given back.
-                if let Some(e) = self.keys.get_mut(key).filter(|e| e.limit == *limit) {
+                if let Some(e) = self.keys.get_mut(key).filter(|e| *e.limit == *limit) {
                     limit.refund(&mut e.state, *admitted_at, *cost);
                 }
                 Applied::Refunded
             }
             Command::Evict => {
-                Applied::Evicted(self.keys.retain(|_, e| !e.limit.is_fresh(&e.state, now)) as u64)
+                let gone = self.keys.retain(|_, e| !e.limit.is_fresh(&e.state, now));
+                self.limits.forget_unused();
+                Applied::Evicted(gone as u64)
             }
         }
     }
@@ -409,10 +440,10 @@ impl ShardState {
         now: Nanos,
     ) -> (Decision, Fallback) {
         if let Some(e) = self.keys.get_mut(key) {
-            if e.limit != *limit {
+            if *e.limit != *limit {
                 // A reload changed the key's limit: its state is converted from the old one.
                 limit.adopt(&e.limit, &mut e.state, now);
-                e.limit = limit.clone();
+                e.limit = self.limits.get(limit);
             }
             return (limit.decide(&mut e.state, now, cost), Fallback::No);
         }
@@ -425,13 +456,8 @@ impl ShardState {
         if self.keys.len() as u64 >= self.bounds.max_keys {
             return (at_cap(limit, on_full), Fallback::KeyCap);
         }
-        self.keys.insert(
-            key.to_owned(),
-            Entry {
-                limit: limit.clone(),
-                state,
-            },
-        );
+        let limit = self.limits.get(limit);
+        self.keys.insert(key.into(), Entry { limit, state });
         (decision, Fallback::No)
     }
 
@@ -482,6 +508,9 @@ impl ShardState {
     pub fn share(&mut self) -> ShardState {
         ShardState {
             keys: self.keys.share(),
+            // Not copied: a copy per entry of a fast leader's, and the limits are only a
+            // saving (the copy makes its own for the keys it adds).
+            limits: Limits::default(),
             ids: self.ids.clone(),
             members: self.members.clone(),
             bounds: self.bounds,
@@ -507,8 +536,9 @@ impl ShardState {
         state.time = image.time;
         state.members = image.members;
         for (key, limit, key_state) in image.keys {
+            let limit = state.limits.get(&limit);
             state.keys.insert(
-                key,
+                key.into(),
                 Entry {
                     limit,
                     state: key_state,
@@ -533,7 +563,7 @@ impl ShardState {
         let mut entry = Vec::new();
         let keys = self.keys.iter().fold(0u64, |sum, (k, e)| {
             entry.clear();
-            bincode::serde::encode_into_std_write((k, &e.limit, &e.state), &mut entry, config)
+            bincode::serde::encode_into_std_write((k, &*e.limit, &e.state), &mut entry, config)
                 .expect("a key's state always encodes");
             sum.wrapping_add(mix(fnv1a(&entry)))
         });
@@ -592,6 +622,39 @@ mod tests {
 
     fn tb() -> Limit {
         Limit::new(Algorithm::TokenBucket, 1, SECOND, 2).unwrap()
+    }
+
+    /// Keys under one limit share the shard's one copy of it, in an image's state too; a
+    /// limit no key holds any longer goes at the next eviction, so a client naming a limit
+    /// of its own per key (inline) leaves no more limits than keys.
+    #[test]
+    fn keys_share_their_limit_and_unused_limits_go_at_eviction() {
+        let mut s = ShardState::new(bounds(100));
+        let l = Limit::new(Algorithm::Gcra, 10, SECOND, 10).unwrap();
+        let checks = (0..10)
+            .map(|i| check(&format!("k{i}"), &l, 1, None))
+            .collect();
+        s.apply(&Batch::at(1, checks));
+        let copies = |s: &ShardState| {
+            let mut counts: Vec<usize> = s.limits.0.iter().map(Arc::strong_count).collect();
+            counts.sort();
+            counts
+        };
+        // The set's reference and the ten keys'.
+        assert_eq!(copies(&s), [11]);
+        let restored = ShardState::from_image(&s.image(), bounds(100)).unwrap();
+        assert_eq!(copies(&restored), [11]);
+        for i in 0..10 {
+            let own = Limit::new(Algorithm::Gcra, 11 + i, SECOND, 10).unwrap();
+            s.apply(&Batch::at(
+                2,
+                vec![check(&format!("own{i}"), &own, 1, None)],
+            ));
+        }
+        assert_eq!(copies(&s).len(), 11);
+        // Every bucket full again: every key evicted, and every limit with them.
+        s.apply(&Batch::at(100 * SECOND, vec![Command::Evict]));
+        assert_eq!((s.len(), copies(&s).len()), (0, 0));
     }
 
     #[test]

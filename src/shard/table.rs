@@ -18,14 +18,16 @@
 //! part into an `Arc` for both sides; the first change of a shared part takes it back
 //! (copied if the other side still has it).
 
+use compact_str::CompactString;
 use hashbrown::hash_table::Entry;
 use hashbrown::HashTable;
 use std::hash::BuildHasher;
 use std::sync::Arc;
 
 /// One part's keys and values, found by the key's hash ([`KeyTable`] hashes a key once:
-/// some of its bits choose the part, [`slot`]).
-pub type Part<V> = HashTable<(String, V)>;
+/// some of its bits choose the part, [`slot`]). A key of up to 24 bytes is held in the
+/// entry itself, with no allocation of its own (`CompactString`).
+pub type Part<V> = HashTable<(CompactString, V)>;
 
 /// A part, the table's own or shared with copies.
 #[derive(Debug, Clone)]
@@ -149,7 +151,7 @@ impl<V: Clone> KeyTable<V> {
     /// for a key the part does not hold).
     pub fn get_mut(&mut self, key: &str) -> Option<&mut V> {
         let (hash, i) = self.find(key);
-        let is_key = |(k, _): &(String, V)| k == key;
+        let is_key = |(k, _): &(CompactString, V)| k == key;
         let part = &mut self.parts[i];
         if let PartRef::Shared(shared) = part {
             shared.find(hash, is_key)?;
@@ -158,7 +160,7 @@ impl<V: Clone> KeyTable<V> {
         found.map(|(_, v)| v)
     }
 
-    pub fn insert(&mut self, key: String, value: V) -> Option<V> {
+    pub fn insert(&mut self, key: CompactString, value: V) -> Option<V> {
         let (hash, i) = self.find(&key);
         let hasher = &self.hasher;
         let part = self.parts[i].own();
@@ -237,8 +239,9 @@ impl<V: Clone> KeyTable<V> {
     }
 
     /// Every key and value, part by part (an order of no meaning).
-    pub fn iter(&self) -> impl Iterator<Item = (&String, &V)> {
-        self.part_refs().flat_map(|p| p.iter().map(|(k, v)| (k, v)))
+    pub fn iter(&self) -> impl Iterator<Item = (&str, &V)> {
+        self.part_refs()
+            .flat_map(|p| p.iter().map(|(k, v)| (k.as_str(), v)))
     }
 
     /// The parts, in order.
@@ -281,13 +284,13 @@ mod tests {
     fn table(n: usize) -> KeyTable<u64> {
         let mut t = KeyTable::default();
         for i in 0..n {
-            t.insert(format!("key-{i}"), i as u64);
+            t.insert(format!("key-{i}").into(), i as u64);
         }
         t
     }
 
     fn contents(t: &KeyTable<u64>) -> Vec<(String, u64)> {
-        let mut all: Vec<_> = t.iter().map(|(k, v)| (k.clone(), *v)).collect();
+        let mut all: Vec<_> = t.iter().map(|(k, v)| (k.to_owned(), *v)).collect();
         all.sort();
         all
     }
@@ -329,7 +332,7 @@ mod tests {
         assert_eq!(t.parts(), 1);
         let copy = t.share();
         for i in 100..300_000 {
-            t.insert(format!("key-{i}"), i);
+            t.insert(format!("key-{i}").into(), i);
         }
         assert!(t.parts() > 256 && t.parts() <= SLOTS, "{} parts", t.parts());
         for (i, (p, span)) in t.parts.iter().zip(&t.spans).enumerate() {
@@ -362,7 +365,7 @@ mod tests {
         let mut a = table(5_000);
         let mut b = a.share();
         let mut plain_a: std::collections::HashMap<String, u64> =
-            a.iter().map(|(k, v)| (k.clone(), *v)).collect();
+            a.iter().map(|(k, v)| (k.to_owned(), *v)).collect();
         let mut plain_b = plain_a.clone();
         assert_eq!(a.retain(|_, v| v % 3 != 0), 1_667);
         plain_a.retain(|_, v| *v % 3 != 0);
@@ -371,7 +374,7 @@ mod tests {
         // Enough new keys on one side to split its parts after the copy.
         for i in 0..4_000u64 {
             let key = format!("key-{}", i * 37);
-            a.insert(key.clone(), i);
+            a.insert(key.as_str().into(), i);
             plain_a.insert(key.clone(), i);
             if let Some(v) = b.get_mut(&key) {
                 *v *= 2;
