@@ -5,6 +5,59 @@ use prometheus::{
     IntGaugeVec, Opts, Registry, TextEncoder,
 };
 
+/// The `reason`s of `quorate_bad_requests_total`, by `api`: every reason of a 4xx the HTTP
+/// API answers (`api/http`), and every reason of a refusal over RESP (`api/resp`). Each of
+/// their series is created at 0 with the metrics (see [`Metrics::new`]).
+pub const BAD_REQUEST_REASONS: &[(&str, &[&str])] = &[
+    (
+        "http",
+        &[
+            "malformed_json",
+            "empty_body",
+            "missing_field",
+            "invalid_field",
+            "unknown_field",
+            "empty_key",
+            "key_too_long",
+            "too_many_items",
+            "unknown_limit",
+            "invalid_input",
+            "bad_query",
+            "missing_key_header",
+            "body_read_failed",
+            "bad_content_length",
+            "reload_failed",
+            "bad_body",
+            "membership_change_failed",
+            "unauthorized",
+            "not_found",
+            "method_not_allowed",
+            "body_timeout",
+            "not_a_cluster",
+            "body_too_large",
+        ],
+    ),
+    (
+        "resp",
+        &[
+            "unknown_command",
+            "wrong_arity",
+            "invalid_argument",
+            "unsupported_protocol",
+            "protocol",
+            "invalid_input",
+            "unknown_limit",
+        ],
+    ),
+];
+
+/// Whether `reason` is one of `api`'s in [`BAD_REQUEST_REASONS`].
+pub fn is_bad_request_reason(api: &str, reason: &str) -> bool {
+    BAD_REQUEST_REASONS
+        .iter()
+        .any(|(a, reasons)| *a == api && reasons.contains(&reason))
+}
+
 /// Every metric the node exports. Cheap to clone (handles share the same series).
 #[derive(Clone)]
 pub struct Metrics {
@@ -21,7 +74,7 @@ pub struct Metrics {
     pub evictions: IntCounter,
     /// New keys refused at the key cap (answered by `on_unavailable`).
     pub key_cap_rejections: IntCounter,
-    /// Requests refused as malformed, by API and reason.
+    /// Requests refused as malformed, by API and reason (`BAD_REQUEST_REASONS`).
     pub bad_requests: IntCounterVec,
     /// Shard actors restarted after a crash.
     pub shard_restarts: IntCounter,
@@ -145,7 +198,12 @@ impl Metrics {
         registry
             .register(Box::new(handover_gap.clone()))
             .expect("unique metric");
-        Metrics {
+        // The counters whose label values are a fixed set have each of their series created
+        // at 0 (below), so that `/metrics` exports it from the start: a series that appeared
+        // at its first increment would start at 1, and `rate()` or `increase()` over it would
+        // miss that first event after a restart (the alert on
+        // `quorate_unavailable_answers_total` in docs/operations.md, for one).
+        let metrics = Metrics {
             decisions: counter_vec(
                 "quorate_decisions_total",
                 "Decisions by policy and outcome",
@@ -271,7 +329,22 @@ impl Metrics {
                 "Peer requests answered Busy: too many at once on one connection",
             ),
             registry,
+        };
+        for (api, reasons) in BAD_REQUEST_REASONS {
+            for reason in *reasons {
+                metrics.bad_requests.with_label_values(&[api, reason]);
+            }
         }
+        let zero = |counter: &IntCounterVec, values: &[&str]| {
+            for value in values {
+                counter.with_label_values(&[value]);
+            }
+        };
+        zero(&metrics.unavailable, &["deny", "allow", "local", "unknown"]);
+        zero(&metrics.connections_refused, &["resp", "http"]);
+        zero(&metrics.removed_refusals, &["vote", "forward"]);
+        zero(&metrics.snapshot_chunks_refused, &["gap", "no_stream"]);
+        metrics
     }
 
     /// The Prometheus text exposition of every metric.

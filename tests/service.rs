@@ -458,3 +458,39 @@ async fn a_reload_keeps_state_and_an_invalid_file_changes_nothing() {
     assert!(s.reload().is_err());
     assert_eq!(s.policies().limits.len(), 4);
 }
+
+/// An alert on `rate(...) > 0` sees the first event after a restart only if the series was
+/// exported at 0 before it: a series that appeared at its first increment starts at 1.
+#[tokio::test]
+async fn a_fresh_node_exports_its_refusal_and_unavailable_counters_at_zero() {
+    let (s, _) = start(NodeConfig::default()).await;
+    let metrics = s.metrics().render();
+    let mut series = vec![
+        r#"quorate_unavailable_answers_total{answer="allow"}"#.to_string(),
+        r#"quorate_unavailable_answers_total{answer="deny"}"#.into(),
+        r#"quorate_unavailable_answers_total{answer="local"}"#.into(),
+        r#"quorate_unavailable_answers_total{answer="unknown"}"#.into(),
+        r#"quorate_connections_refused_total{api="http"}"#.into(),
+        r#"quorate_connections_refused_total{api="resp"}"#.into(),
+        r#"quorate_removed_node_refusals_total{kind="forward"}"#.into(),
+        r#"quorate_removed_node_refusals_total{kind="vote"}"#.into(),
+        r#"quorate_snapshot_chunks_refused_total{why="gap"}"#.into(),
+        r#"quorate_snapshot_chunks_refused_total{why="no_stream"}"#.into(),
+        r#"quorate_bad_requests_total{api="resp",reason="unknown_command"}"#.into(),
+        r#"quorate_bad_requests_total{api="http",reason="unauthorized"}"#.into(),
+    ];
+    // And every other reason either API refuses with.
+    for (api, reasons) in quorate::metrics::BAD_REQUEST_REASONS {
+        for reason in *reasons {
+            series.push(format!(
+                r#"quorate_bad_requests_total{{api="{api}",reason="{reason}"}}"#
+            ));
+        }
+    }
+    for name in series {
+        assert!(
+            metrics.lines().any(|l| l == format!("{name} 0")),
+            "{name} is not exported at 0:\n{metrics}"
+        );
+    }
+}
