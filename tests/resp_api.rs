@@ -4,7 +4,7 @@
 use bytes::BytesMut;
 use quorate::api::resp::decode::parse_reply;
 use quorate::api::resp::{serve, Frame, Limits};
-use quorate::clock::SystemClock;
+use quorate::clock::{ManualClock, SharedClock, SystemClock};
 use quorate::config::NodeConfig;
 use quorate::net::tcp::TcpListener;
 use quorate::net::Listener;
@@ -34,15 +34,21 @@ impl Node {
     }
 
     async fn start_with(policies: PolicySet, tweak: impl FnOnce(&mut NodeConfig)) -> Node {
+        Node::start_on(policies, Arc::new(SystemClock::new()), tweak).await
+    }
+
+    async fn start_on(
+        policies: PolicySet,
+        clock: SharedClock,
+        tweak: impl FnOnce(&mut NodeConfig),
+    ) -> Node {
         let mut config = NodeConfig {
             http_addr: "127.0.0.1:0".parse().unwrap(),
             resp_addr: "127.0.0.1:0".parse().unwrap(),
             ..NodeConfig::default()
         };
         tweak(&mut config);
-        let service = Service::start(config, policies, Arc::new(SystemClock::new()))
-            .await
-            .unwrap();
+        let service = Service::start(config, policies, clock).await.unwrap();
         let listener = TcpListener::bind("127.0.0.1:0".parse().unwrap())
             .await
             .unwrap();
@@ -780,6 +786,74 @@ async fn an_unknown_command_gets_redis_error_and_is_counted() {
     .await;
     c.roundtrip(&cmd("PING"), "+PONG\r\n").await;
     assert_eq!(node.bad_requests("unknown_command"), 1);
+}
+
+/// The lines `tracing` writes on the test's thread (the runtime of a `#[tokio::test]` runs
+/// the node's tasks there too).
+#[derive(Clone, Default)]
+struct CapturedLog(Arc<std::sync::Mutex<Vec<u8>>>);
+
+impl CapturedLog {
+    fn text(&self) -> String {
+        String::from_utf8_lossy(&self.0.lock().unwrap()).into_owned()
+    }
+
+    fn count(&self, pattern: &str) -> usize {
+        self.text().lines().filter(|l| l.contains(pattern)).count()
+    }
+}
+
+impl std::io::Write for CapturedLog {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        self.0.lock().unwrap().extend_from_slice(buf);
+        Ok(buf.len())
+    }
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+impl<'a> tracing_subscriber::fmt::MakeWriter<'a> for CapturedLog {
+    type Writer = CapturedLog;
+    fn make_writer(&'a self) -> CapturedLog {
+        self.clone()
+    }
+}
+
+/// A client pipelining unknown commands once made a node write a log line for each (200,000
+/// lines, 36 MB, in half a second). Each is still counted, but the log takes only a few a
+/// second, then says how many it left out.
+#[tokio::test]
+async fn a_flood_of_bad_requests_is_counted_in_full_and_logged_at_a_bounded_rate() {
+    use quorate::service::refusal_log::LINES_PER_SECOND;
+    const FLOOD: usize = 2_000;
+    let log = CapturedLog::default();
+    let subscriber = tracing_subscriber::fmt()
+        .with_writer(log.clone())
+        .with_ansi(false)
+        .with_max_level(tracing::Level::INFO)
+        .finish();
+    let _logging = tracing::subscriber::set_default(subscriber);
+    let clock = Arc::new(ManualClock::new(0));
+    let node = Node::start_on(PolicySet::default_policies(), clock.clone(), |_| {}).await;
+    let mut c = node.connect().await;
+    let reply = "-ERR unknown command 'FOO', with args beginning with: \r\n";
+    c.send("*1\r\n$3\r\nFOO\r\n".repeat(FLOOD).as_bytes()).await;
+    c.expect(reply.repeat(FLOOD).as_bytes()).await;
+    assert_eq!(node.bad_requests("unknown_command"), FLOOD as u64);
+    // The node's clock stands still: all in one second.
+    assert_eq!(log.count("bad request"), LINES_PER_SECOND as usize);
+    clock.advance(1_000_000_000);
+    c.roundtrip(&cmd("FOO"), reply).await;
+    assert_eq!(node.bad_requests("unknown_command"), FLOOD as u64 + 1);
+    assert_eq!(log.count("bad request"), LINES_PER_SECOND as usize + 1);
+    let left_out = FLOOD - LINES_PER_SECOND as usize;
+    assert_eq!(
+        log.count(&format!("{left_out} refused requests were not logged")),
+        1,
+        "{}",
+        log.text()
+    );
 }
 
 #[tokio::test]

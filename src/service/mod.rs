@@ -8,12 +8,14 @@ pub mod types;
 
 pub use types::*;
 
+pub mod refusal_log;
 mod resolve;
+use refusal_log::RefusalLog;
 pub(crate) use resolve::{inline_route, item_request_id};
 
 use crate::clock::{LazyTimer, SharedClock};
 use crate::config::NodeConfig;
-use crate::limiter::{Decision, Outcome};
+use crate::limiter::{Decision, Nanos, Outcome};
 use crate::metrics::Metrics;
 use crate::policy::PolicySet;
 use crate::raft::cluster::{Cluster, GroupStatus};
@@ -76,6 +78,9 @@ struct Inner {
     call_timeout: std::time::Duration,
     /// Counts decisions, for sampling the decision log deterministically.
     decided: AtomicU64,
+    /// Which refused requests are logged: a flood of them is counted in full, but logged
+    /// at a bounded rate.
+    refusals: RefusalLog,
     /// Where the RESP server listens, once bound (`CLUSTER NODES` on a single node).
     resp_addr: std::sync::OnceLock<std::net::SocketAddr>,
 }
@@ -227,6 +232,7 @@ impl Service {
                 shards,
                 call_timeout,
                 decided: AtomicU64::new(0),
+                refusals: RefusalLog::default(),
                 resp_addr: std::sync::OnceLock::new(),
             }),
         }
@@ -808,6 +814,23 @@ impl Service {
 
     pub fn clock(&self) -> &SharedClock {
         &self.inner.clock
+    }
+
+    /// Counts a request that `api` refused as malformed, under `reason` (one of
+    /// `metrics::BAD_REQUEST_REASONS`), and says whether to log it: at most
+    /// `refusal_log::LINES_PER_SECOND` a second are. `now` is the node's monotonic clock, as
+    /// the caller read it for the request.
+    pub fn refused(&self, api: &'static str, reason: &'static str, now: Nanos) -> bool {
+        debug_assert!(
+            crate::metrics::is_bad_request_reason(api, reason),
+            "{api} refusal `{reason}` is missing from metrics::BAD_REQUEST_REASONS"
+        );
+        self.inner
+            .metrics
+            .bad_requests
+            .with_label_values(&[api, reason])
+            .inc();
+        self.inner.refusals.admit(now)
     }
 
     /// True once the shards are running and accepting checks.

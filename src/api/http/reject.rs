@@ -1,9 +1,10 @@
 //! Refusals: every 4xx (and the 503) is answered the same way — a JSON `{"error", "reason"}`
-//! body that names the field and the fix, an `info` log line saying why, and a count in
+//! body that names the field and the fix, an `info` log line saying why (for a 4xx, at most
+//! a few a second per node: see `service::refusal_log`), and a count in
 //! `quorate_bad_requests_total{api="http",reason}` — so an operator can always tell why a
 //! client was turned away, and `reason` stays a small fixed set of labels.
 
-use crate::metrics::Metrics;
+use crate::service::Service;
 use axum::http::header::{CACHE_CONTROL, RETRY_AFTER};
 use axum::http::{HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
@@ -43,21 +44,21 @@ impl Reject {
         Self::new(StatusCode::BAD_REQUEST, reason, message)
     }
 
-    /// Logs and counts the refusal, and renders it.
-    pub fn respond(self, metrics: &Metrics, route: &str) -> Response {
+    /// Counts and logs the refusal (a 4xx unless the node has logged its share of them this
+    /// second), and renders it.
+    pub fn respond(self, service: &Service, route: &str) -> Response {
         if self.status.is_client_error() {
-            tracing::info!(
-                api = "http",
-                route,
-                status = self.status.as_u16(),
-                reason = self.reason,
-                "request refused: {}",
-                self.message
-            );
-            metrics
-                .bad_requests
-                .with_label_values(&["http", self.reason])
-                .inc();
+            let now = service.clock().monotonic();
+            if service.refused("http", self.reason, now) {
+                tracing::info!(
+                    api = "http",
+                    route,
+                    status = self.status.as_u16(),
+                    reason = self.reason,
+                    "request refused: {}",
+                    self.message
+                );
+            }
         } else {
             tracing::warn!(
                 api = "http",
@@ -108,17 +109,30 @@ mod tests {
         assert!(quote(&"x".repeat(10_000)).chars().count() < MAX_QUOTE_CHARS + 8);
     }
 
-    #[test]
-    fn a_refusal_is_counted_under_its_reason() {
-        let m = Metrics::new();
-        let r = Reject::bad("empty_key", "`key` is empty").respond(&m, "/v1/check");
+    async fn service() -> Service {
+        let clock = std::sync::Arc::new(crate::clock::ManualClock::new(0));
+        let config = crate::config::NodeConfig::default();
+        let policies = crate::policy::PolicySet::default_policies();
+        Service::start(config, policies, clock).await.unwrap()
+    }
+
+    #[tokio::test]
+    async fn a_refusal_is_counted_under_its_reason() {
+        let svc = service().await;
+        let r = Reject::bad("empty_key", "`key` is empty").respond(&svc, "/v1/check");
         assert_eq!(r.status(), StatusCode::BAD_REQUEST);
-        assert_eq!(
-            m.bad_requests
-                .with_label_values(&["http", "empty_key"])
-                .get(),
-            1
-        );
+        let count = |reason| {
+            svc.metrics()
+                .bad_requests
+                .with_label_values(&["http", reason])
+                .get()
+        };
+        assert_eq!(count("empty_key"), 1);
+        // Past the log's bound (the clock stands still: one second), each is still counted.
+        for _ in 0..100 {
+            Reject::bad("empty_key", "`key` is empty").respond(&svc, "/v1/check");
+        }
+        assert_eq!(count("empty_key"), 101);
     }
 
     #[test]

@@ -69,7 +69,7 @@ async fn check(State(st): State<AppState>, headers: HeaderMap, body: Body) -> Re
     };
     match parsed {
         Ok(req) => decide(svc, req, StatusCode::TOO_MANY_REQUESTS, ROUTE).await,
-        Err(r) => r.respond(svc.metrics(), ROUTE),
+        Err(r) => r.respond(svc, ROUTE),
     }
 }
 
@@ -89,7 +89,7 @@ async fn authorize(
     };
     match parsed {
         Ok(a) => decide(svc, a.request, a.deny_status, ROUTE).await,
-        Err(r) => r.respond(svc.metrics(), ROUTE),
+        Err(r) => r.respond(svc, ROUTE),
     }
 }
 
@@ -112,7 +112,7 @@ async fn decide(
         Ok(resp) => render(&resp, deny_status).into_response(),
         Err(e) => {
             let (status, reason) = error_status(&e);
-            Reject::new(status, reason, e.to_string()).respond(svc.metrics(), route)
+            Reject::new(status, reason, e.to_string()).respond(svc, route)
         }
     }
 }
@@ -159,7 +159,7 @@ async fn status(
     query: Result<Query<Vec<(String, String)>>, QueryRejection>,
 ) -> Response {
     const ROUTE: &str = "/v1/admin/status";
-    let bad = |why: String| Reject::bad("bad_query", why).respond(st.service.metrics(), ROUTE);
+    let bad = |why: String| Reject::bad("bad_query", why).respond(&st.service, ROUTE);
     const PARAMETERS: &str = "the parameters are digest=true (each shard's state digest) and \
                               lag=true (every shard's lag, from its leader), each at most once";
     let Ok(Query(pairs)) = &query else {
@@ -210,7 +210,7 @@ async fn status(
             "status_failed",
             format!("the status did not finish ({e})"),
         )
-        .respond(st.service.metrics(), ROUTE),
+        .respond(&st.service, ROUTE),
     }
 }
 
@@ -240,8 +240,8 @@ fn admin_refusal(st: &AppState, headers: &HeaderMap, route: &str) -> Option<Resp
         None => "this admin endpoint needs the node's admin token: send `Authorization: Bearer <token>` (the node's --admin-token, QUORATE_ADMIN_TOKEN; `quorate members` sends QUORATE_ADMIN_TOKEN)",
         Some(_) => "the bearer token is not this node's admin token (--admin-token, QUORATE_ADMIN_TOKEN)",
     };
-    let mut refused = Reject::new(StatusCode::UNAUTHORIZED, "unauthorized", why)
-        .respond(st.service.metrics(), route);
+    let mut refused =
+        Reject::new(StatusCode::UNAUTHORIZED, "unauthorized", why).respond(&st.service, route);
     refused
         .headers_mut()
         .insert(WWW_AUTHENTICATE, HeaderValue::from_static("Bearer"));
@@ -256,13 +256,13 @@ async fn reload(State(st): State<AppState>, headers: HeaderMap) -> Response {
     let svc = st.service.clone();
     match tokio::task::spawn_blocking(move || svc.reload()).await {
         Ok(Ok(report)) => Json(report).into_response(),
-        Ok(Err(e)) => Reject::bad("reload_failed", e).respond(st.service.metrics(), ROUTE),
+        Ok(Err(e)) => Reject::bad("reload_failed", e).respond(&st.service, ROUTE),
         Err(e) => Reject::new(
             StatusCode::INTERNAL_SERVER_ERROR,
             "reload_failed",
             format!("the reload did not finish ({e}); the old policies stay in force"),
         )
-        .respond(st.service.metrics(), ROUTE),
+        .respond(&st.service, ROUTE),
     }
 }
 
@@ -294,7 +294,7 @@ async fn members(State(st): State<AppState>, headers: HeaderMap, body: Body) -> 
     let cfg = svc.config();
     let bytes = match read_bounded(&headers, body, cfg.max_body_bytes, cfg.idle_timeout).await {
         Ok(b) => b,
-        Err(r) => return r.respond(svc.metrics(), ROUTE),
+        Err(r) => return r.respond(svc, ROUTE),
     };
     let usage = r#"send {"add": {"id": N, "addr": "HOST:PORT"}} or {"remove": {"id": N}}"#;
     let change = match serde_json::from_slice::<Change>(&bytes) {
@@ -311,11 +311,9 @@ async fn members(State(st): State<AppState>, headers: HeaderMap, body: Body) -> 
         }) => crate::raft::rpc::MemberChange::Remove { id: r.id },
         Ok(_) => {
             return Reject::bad("bad_body", format!("give exactly one change; {usage}"))
-                .respond(svc.metrics(), ROUTE)
+                .respond(svc, ROUTE)
         }
-        Err(e) => {
-            return Reject::bad("bad_body", format!("{e}; {usage}")).respond(svc.metrics(), ROUTE)
-        }
+        Err(e) => return Reject::bad("bad_body", format!("{e}; {usage}")).respond(svc, ROUTE),
     };
     let Some(cluster) = svc.cluster() else {
         return Reject::new(
@@ -323,11 +321,11 @@ async fn members(State(st): State<AppState>, headers: HeaderMap, body: Body) -> 
             "not_a_cluster",
             "this node runs alone (no --peers); membership changes need a cluster",
         )
-        .respond(svc.metrics(), ROUTE);
+        .respond(svc, ROUTE);
     };
     match cluster.change_members(change).await {
         Ok(()) => Json(serde_json::json!({ "ok": true, "status": svc.status() })).into_response(),
-        Err(e) => Reject::bad("membership_change_failed", e).respond(svc.metrics(), ROUTE),
+        Err(e) => Reject::bad("membership_change_failed", e).respond(svc, ROUTE),
     }
 }
 
@@ -340,7 +338,7 @@ async fn not_found(State(st): State<AppState>, method: Method, uri: Uri) -> Resp
             quote(uri.path())
         ),
     )
-    .respond(st.service.metrics(), "fallback")
+    .respond(&st.service, "fallback")
 }
 
 async fn method_not_allowed(State(st): State<AppState>, method: Method, uri: Uri) -> Response {
@@ -352,5 +350,5 @@ async fn method_not_allowed(State(st): State<AppState>, method: Method, uri: Uri
             quote(uri.path())
         ),
     )
-    .respond(st.service.metrics(), "fallback")
+    .respond(&st.service, "fallback")
 }

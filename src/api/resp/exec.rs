@@ -88,13 +88,13 @@ pub async fn run(
             }
             Ok(other) => slots.push(Slot::Ready(answer(service, other), *proto)),
             Err(e) => {
-                bad_request(service, peer, e.reason(), &e.message());
+                bad_request(service, peer, e.reason(), &e.message(), started);
                 slots.push(Slot::Ready(e.to_frame(), *proto));
             }
         }
     }
     if let (Some(e), false) = (&error, close) {
-        bad_request(service, peer, "protocol", &e.to_string());
+        bad_request(service, peer, "protocol", &e.to_string(), started);
         slots.push(Slot::Ready(
             Frame::err(format!("Protocol error: {e}")),
             *proto,
@@ -130,7 +130,7 @@ pub async fn run(
                     }
                     Some(Err(e)) => {
                         if let Some(reason) = reply::error_reason(&e) {
-                            bad_request(service, peer, reason, &e.to_string());
+                            bad_request(service, peer, reason, &e.to_string(), started);
                         }
                         reply::check_error(&e)
                     }
@@ -166,12 +166,17 @@ fn answer(service: &Service, cmd: Command) -> Frame {
     }
 }
 
-/// Counts and logs a refused request.
-fn bad_request(service: &Service, peer: SocketAddr, reason: &'static str, detail: &str) {
-    service
-        .metrics()
-        .bad_requests
-        .with_label_values(&["resp", reason])
-        .inc();
-    tracing::info!(api = "resp", %peer, reason, "bad request: {detail}");
+/// Counts a refused request, and logs it unless the node has logged its share of refusals
+/// this second (`Service::refused`). `now` is the batch's `started`: one clock reading per
+/// batch, however many of its requests are refused.
+fn bad_request(
+    service: &Service,
+    peer: SocketAddr,
+    reason: &'static str,
+    detail: &str,
+    now: crate::limiter::Nanos,
+) {
+    if service.refused("resp", reason, now) {
+        tracing::info!(api = "resp", %peer, reason, "bad request: {detail}");
+    }
 }
