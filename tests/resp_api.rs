@@ -397,6 +397,26 @@ async fn qr_check_of_a_cost_that_can_never_fit_says_minus_two() {
 }
 
 #[tokio::test]
+async fn a_cost_beyond_i64_is_a_check_and_one_beyond_u64_says_it_does_not_fit() {
+    let node = Node::start(|_| {}).await;
+    let mut c = node.connect().await;
+    c.send(cmd("QR.CHECK login bob 18446744073709551615").as_bytes())
+        .await;
+    let reply = array(c.frame().await);
+    assert_eq!((int(&reply[0]), int(&reply[1])), (0, -2));
+    c.send(cmd("CL.THROTTLE k 15 30 60 9223372036854775808").as_bytes())
+        .await;
+    let reply = array(c.frame().await);
+    assert_eq!((int(&reply[0]), int(&reply[3])), (1, -1));
+    c.roundtrip(
+        &cmd("QR.CHECK login bob 18446744073709551616"),
+        "-ERR cost of item 1 does not fit an unsigned 64-bit integer \
+         (0 to 18446744073709551615)\r\n",
+    )
+    .await;
+}
+
+#[tokio::test]
 async fn qr_check_with_an_unknown_limit_is_an_err_reply_naming_it() {
     let node = Node::start(|_| {}).await;
     let mut c = node.connect().await;

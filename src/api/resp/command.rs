@@ -266,6 +266,27 @@ fn int(
         .ok_or_else(|| CommandError::Invalid(format!("{what} must be {expected}")))
 }
 
+/// A cost argument: a whole number from 0 to `u64::MAX`, the range HTTP accepts, so a cost
+/// means the same over both APIs. A number too large says so rather than calling itself
+/// negative.
+fn unsigned(arg: &[u8], what: impl std::fmt::Display) -> Result<u64, CommandError> {
+    if arg.is_empty() || !arg.iter().all(u8::is_ascii_digit) {
+        return Err(CommandError::Invalid(format!(
+            "{what} must be a non-negative integer"
+        )));
+    }
+    // All digits, so the text is ASCII and a parse error can only be overflow.
+    std::str::from_utf8(arg)
+        .ok()
+        .and_then(|t| t.parse().ok())
+        .ok_or_else(|| {
+            CommandError::Invalid(format!(
+                "{what} does not fit an unsigned 64-bit integer (0 to {})",
+                u64::MAX
+            ))
+        })
+}
+
 /// The inline limit of `CL.THROTTLE key max_burst count period`: a GCRA of `count` per
 /// `period_secs` with capacity `max_burst + 1` (arguments already checked in range).
 pub fn throttle_limit(max_burst: u64, count: u64, period_secs: u64) -> InlineLimit {
@@ -307,7 +328,7 @@ fn throttle(rest: &[&[u8]]) -> Result<Command, CommandError> {
         )));
     }
     let quantity = match quantity {
-        Some(q) => int(q, 0, i64::MAX, "quantity", "a non-negative integer")?,
+        Some(q) => unsigned(q, "quantity")?,
         None => 1,
     };
     let limit = throttle_limit(max_burst as u64, count as u64, period_secs as u64);
@@ -316,7 +337,7 @@ fn throttle(rest: &[&[u8]]) -> Result<Command, CommandError> {
             items: vec![CheckItem {
                 limit: LimitRef::Inline(limit),
                 key,
-                cost: quantity as u64,
+                cost: quantity,
             }],
             request_id: None,
         },
@@ -344,13 +365,7 @@ fn check(rest: &[&[u8]]) -> Result<Command, CommandError> {
             Ok(CheckItem {
                 limit: LimitRef::Named(text(t[0], format_args!("limit of item {n}"))?),
                 key: text(t[1], format_args!("key of item {n}"))?,
-                cost: int(
-                    t[2],
-                    0,
-                    i64::MAX,
-                    format_args!("cost of item {n}"),
-                    "a non-negative integer",
-                )? as u64,
+                cost: unsigned(t[2], format_args!("cost of item {n}"))?,
             })
         })
         .collect::<Result<Vec<_>, CommandError>>()?;
@@ -523,6 +538,35 @@ mod tests {
             request(p("CL.THROTTLE k 0 1 1 0").unwrap()).items[0].cost,
             0
         );
+    }
+
+    #[test]
+    fn costs_and_quantities_take_the_whole_u64_range_as_over_http() {
+        let max = u64::MAX;
+        for big in [max, 1 << 63] {
+            let r = request(p(&format!("QR.CHECK login k {big}")).unwrap());
+            assert_eq!(r.items[0].cost, big);
+            let r = request(p(&format!("CL.THROTTLE k 0 1 1 {big}")).unwrap());
+            assert_eq!(r.items[0].cost, big);
+        }
+        let fits_not = "does not fit an unsigned 64-bit integer (0 to 18446744073709551615)";
+        assert_eq!(
+            p("QR.CHECK login k 1 api k 18446744073709551616"),
+            Err(CommandError::Invalid(format!("cost of item 2 {fits_not}")))
+        );
+        assert_eq!(
+            p("CL.THROTTLE k 0 1 1 99999999999999999999999"),
+            Err(CommandError::Invalid(format!("quantity {fits_not}")))
+        );
+        for bad in ["-1", "+1", "", "1.0", "-0"] {
+            assert_eq!(
+                parse(&[b"QR.CHECK", b"login", b"k", bad.as_bytes()]),
+                Err(CommandError::Invalid(
+                    "cost of item 1 must be a non-negative integer".into()
+                )),
+                "{bad:?}"
+            );
+        }
     }
 
     #[test]
