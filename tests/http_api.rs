@@ -456,6 +456,64 @@ async fn authorize_answers_gateways_with_their_deny_status() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn authorize_keys_x_forwarded_for_by_the_address_the_proxy_appended() {
+    let srv = Server::start().await;
+    let path = "/v1/authorize?limit=login&key_header=X-Forwarded-For";
+    // A client that sends its own X-Forwarded-For, which the proxy appends to, cannot pick
+    // a fresh key per request: the key is the rightmost address, so the 6th request of a
+    // limit of 5 is denied.
+    for i in 1..=6 {
+        let raw = get(
+            path,
+            &format!("X-Forwarded-For: 10.0.0.{i}, 203.0.113.9\r\n"),
+        );
+        let r = srv.send(raw.as_bytes()).await;
+        let expected = if i <= 5 {
+            "HTTP/1.1 200 OK"
+        } else {
+            "HTTP/1.1 429 Too Many Requests"
+        };
+        assert_eq!(r.status_line, expected, "request {i}: {}", r.body);
+        assert_eq!(r.json()["checks"][0]["key"], "203.0.113.9", "{}", r.body);
+    }
+    // Behind two proxies, key_hops=2 takes the address the outer one appended.
+    let raw = get(
+        &format!("{path}&key_hops=2"),
+        "X-Forwarded-For: 10.0.0.1, 198.51.100.7, 192.0.2.1\r\n",
+    );
+    let r = srv.send(raw.as_bytes()).await;
+    assert_eq!(r.status_line, "HTTP/1.1 200 OK", "{}", r.body);
+    assert_eq!(r.json()["checks"][0]["key"], "198.51.100.7");
+    srv.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn authorize_refuses_a_blank_or_listed_key_header_and_a_broken_escape() {
+    let srv = Server::start().await;
+    let path = "/v1/authorize?limit=login&key_header=X-Api-Key";
+    let r = srv.send(get(path, "X-Api-Key:    \r\n").as_bytes()).await;
+    assert_eq!(r.status_line, "HTTP/1.1 400 Bad Request");
+    assert_eq!(r.json()["reason"], "empty_key");
+    let error = r.json()["error"].as_str().unwrap().to_string();
+    assert!(
+        error.starts_with("the `x-api-key` header (named by key_header) is empty"),
+        "{error}"
+    );
+    let r = srv.send(get(path, "X-Api-Key: a, b\r\n").as_bytes()).await;
+    assert_eq!(r.status_line, "HTTP/1.1 400 Bad Request");
+    assert_eq!(r.json()["reason"], "invalid_field");
+
+    // `%ZZ` is no escape: it is refused, not used as the key `%ZZ`.
+    let r = srv.get("/v1/authorize?limit=login&key=%ZZ").await;
+    assert_eq!(r.status_line, "HTTP/1.1 400 Bad Request");
+    assert_eq!(r.json()["reason"], "bad_query", "{}", r.body);
+    let r = srv.get("/v1/authorize?limit=login&key=a%2Fb").await;
+    assert_eq!(r.status_line, "HTTP/1.1 200 OK");
+    assert_eq!(r.json()["checks"][0]["key"], "a/b");
+    srv.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn metrics_health_readiness_and_status_are_served() {
     let srv = Server::start().await;
     srv.post("/v1/check", &check("login", "hank", 1)).await;

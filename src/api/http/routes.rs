@@ -2,7 +2,7 @@
 //! call the [`Service`], render the answer — so the decision rules live in the service and
 //! the HTTP rules in the pure `request`, `authorize` and `decision` modules.
 
-use super::authorize::parse_authorize;
+use super::authorize::{check_escapes, parse_authorize};
 use super::body::read_bounded;
 use super::decision::{error_status, render};
 use super::reject::{quote, Reject};
@@ -75,14 +75,18 @@ async fn check(State(st): State<AppState>, headers: HeaderMap, body: Body) -> Re
 
 async fn authorize(
     State(st): State<AppState>,
+    uri: Uri,
     query: Result<Query<Vec<(String, String)>>, QueryRejection>,
     headers: HeaderMap,
 ) -> Response {
     const ROUTE: &str = "/v1/authorize";
     let svc = &st.service;
-    let parsed = match query {
-        Ok(Query(params)) => parse_authorize(&params, &headers, &Bounds::of(svc.config())),
-        Err(e) => Err(Reject::bad(
+    let parsed = match (check_escapes(uri.query()), query) {
+        (Err(r), _) => Err(r),
+        (Ok(()), Ok(Query(params))) => {
+            parse_authorize(&params, &headers, &Bounds::of(svc.config()))
+        }
+        (Ok(()), Err(e)) => Err(Reject::bad(
             "bad_query",
             format!("the query string cannot be read ({e}); send ?limit=NAME&key=KEY"),
         )),
