@@ -72,7 +72,7 @@ impl Identities {
     }
 
     /// This member's identities from its data directory, before its log is opened: its data
-    /// id, and the peers' recorded ones. A directory without a log (`wal/`) gets a new data
+    /// id, and the peers' recorded ones. A directory without a log ([`holds_log`]) gets a new data
     /// id from `fresh`, whatever id it held: its log, and the votes in it, are gone. A log
     /// without a data id is refused: the member could not prove it is the one that wrote it.
     pub fn load(
@@ -81,7 +81,7 @@ impl Identities {
         io_on_runtime: bool,
     ) -> io::Result<Self> {
         let own_path = data_dir.join(DATA_ID_FILE);
-        let has_log = data_dir.join("wal").exists();
+        let has_log = holds_log(data_dir)?;
         let own = match read_record(data_dir, DATA_ID_FILE)? {
             Some(text) if has_log => parse_id(&text).ok_or_else(|| {
                 invalid(format!(
@@ -196,6 +196,29 @@ fn parse_id(text: &str) -> Option<DataId> {
         .filter(|id| *id != 0)
 }
 
+/// Whether the data directory holds a log: a segment of the WAL (`wal/wal-*.log`) with bytes
+/// in it. A `wal/` directory whose segments are gone or empty has lost its votes as surely
+/// as one that is gone (a log file deleted or truncated by hand, or lost by the file
+/// system): a member is then a new directory to its peers. The WAL's segment is empty only
+/// until its first append, so a member that stopped before it had anything to remember,
+/// and had already met its peers, is refused by them too: it rejoins under a new id.
+fn holds_log(data_dir: &std::path::Path) -> io::Result<bool> {
+    let dir = match std::fs::read_dir(data_dir.join("wal")) {
+        Ok(dir) => dir,
+        Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(false),
+        Err(e) => return Err(e),
+    };
+    for entry in dir {
+        let entry = entry?;
+        let name = entry.file_name();
+        let name = name.to_string_lossy();
+        if name.starts_with("wal-") && name.ends_with(".log") && entry.metadata()?.len() > 0 {
+            return Ok(true);
+        }
+    }
+    Ok(false)
+}
+
 fn invalid(message: String) -> io::Error {
     io::Error::new(io::ErrorKind::InvalidData, message)
 }
@@ -208,8 +231,8 @@ mod tests {
     async fn a_node_is_recorded_on_first_sight_and_held_to_it_across_restarts() {
         let dir = tempfile::tempdir().unwrap();
         let ids = Identities::load(dir.path(), 7, false).unwrap();
-        // The log the member then opens.
-        std::fs::create_dir(dir.path().join("wal")).unwrap();
+        // The log the member then opens and writes.
+        write_log(dir.path());
         assert_eq!(ids.own(), 7);
         assert_eq!(ids.admit(2, 20).await, Ok(()));
         assert_eq!(ids.admit(3, 30).await, Ok(()));
@@ -237,18 +260,43 @@ mod tests {
             Err(Mismatch::Changed { .. })
         ));
         // Its log deleted: the votes are gone, so the directory is a new one to its peers.
-        std::fs::remove_dir(dir.path().join("wal")).unwrap();
-        let wiped = Identities::load(dir.path(), 9, false).unwrap();
-        assert_eq!(wiped.own(), 9);
+        // So too with `wal/` kept and its segment emptied or gone (an audit found a member
+        // starting under its old data id then, and its peers taking it back).
+        let segment = dir.path().join("wal").join(crate::wal::SEGMENT_NAME);
+        let forgets: [(&str, &dyn Fn()); 3] = [
+            ("segment emptied", &|| {
+                std::fs::write(&segment, b"").unwrap()
+            }),
+            ("segment gone", &|| std::fs::remove_file(&segment).unwrap()),
+            ("wal/ gone", &|| {
+                std::fs::remove_dir_all(dir.path().join("wal")).unwrap()
+            }),
+        ];
+        let mut own = 7;
+        for (fresh, (how, forget)) in (9..).zip(forgets) {
+            write_log(dir.path());
+            assert_eq!(Identities::load(dir.path(), 8, false).unwrap().own(), own);
+            forget();
+            let wiped = Identities::load(dir.path(), fresh, false).unwrap();
+            assert_eq!(wiped.own(), fresh, "{how}: the old data id kept");
+            own = fresh;
+        }
         // A new directory gets a new id.
         let other = tempfile::tempdir().unwrap();
         assert_eq!(Identities::load(other.path(), 10, false).unwrap().own(), 10);
     }
 
+    /// A WAL segment with a record's worth of bytes in it.
+    fn write_log(data_dir: &std::path::Path) {
+        let wal = data_dir.join("wal");
+        std::fs::create_dir_all(&wal).unwrap();
+        std::fs::write(wal.join(crate::wal::SEGMENT_NAME), [1u8; 33]).unwrap();
+    }
+
     #[test]
     fn damaged_or_missing_records_are_refused_naming_the_file_and_the_fix() {
         let dir = tempfile::tempdir().unwrap();
-        std::fs::create_dir(dir.path().join("wal")).unwrap();
+        write_log(dir.path());
         let e = Identities::load(dir.path(), 1, false)
             .unwrap_err()
             .to_string();
