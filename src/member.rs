@@ -282,13 +282,17 @@ pub async fn start<P: Listener, C: Connector>(
     let dir = data_dir.clone();
     let fresh = derive_number(&seed, b"data-id");
     let io_on_runtime = settings.hooks.io_on_runtime;
+    let volatile_log = !settings.wal_sync;
     let (lock, identities) = blocking_io(io_on_runtime, move || {
         // First: nothing below may read or write a directory another process is using.
         let lock = DirLock::acquire(&dir)?;
         check_log_format(&dir)?;
         check_shard_count(&dir, shards)?;
         check_sharding(&dir, sharding)?;
-        Ok((lock, Identities::load(&dir, fresh, io_on_runtime)?))
+        Ok((
+            lock,
+            Identities::load(&dir, fresh, io_on_runtime, volatile_log)?,
+        ))
     })
     .await?;
     let wal_dir = data_dir.join("wal");

@@ -1132,7 +1132,7 @@ async fn a_snapshot_chunk_past_the_bytes_received_is_refused_without_allocating_
     let own = tempfile::tempdir().unwrap();
     let mut cfg = PeerConfig::new(99, cluster_support::SECRET.as_bytes().to_vec());
     cfg.identities = Some(Arc::new(
-        Identities::load(own.path(), 0x9a9, false).unwrap(),
+        Identities::load(own.path(), 0x9a9, false, false).unwrap(),
     ));
     let peers = Peers::new(
         cfg,

@@ -75,13 +75,24 @@ impl Identities {
     /// id, and the peers' recorded ones. A directory without a log ([`holds_log`]) gets a new data
     /// id from `fresh`, whatever id it held: its log, and the votes in it, are gone. A log
     /// without a data id is refused: the member could not prove it is the one that wrote it.
+    ///
+    /// `volatile_log`: the member runs its WAL without fsync, its writes held in memory (the
+    /// test-only `--unsafe-no-fsync`), so an empty segment after a crash is what that mode
+    /// does, not a loss to guard against: only a missing `wal/` counts then, as it did
+    /// before segments were looked at (the durability tests' negative control restarts such
+    /// a cluster after kill -9 to show what it forgot).
     pub fn load(
         data_dir: &std::path::Path,
         fresh: DataId,
         io_on_runtime: bool,
+        volatile_log: bool,
     ) -> io::Result<Self> {
         let own_path = data_dir.join(DATA_ID_FILE);
-        let has_log = holds_log(data_dir)?;
+        let has_log = if volatile_log {
+            data_dir.join("wal").exists()
+        } else {
+            holds_log(data_dir)?
+        };
         let own = match read_record(data_dir, DATA_ID_FILE)? {
             Some(text) if has_log => parse_id(&text).ok_or_else(|| {
                 invalid(format!(
@@ -230,7 +241,7 @@ mod tests {
     #[tokio::test]
     async fn a_node_is_recorded_on_first_sight_and_held_to_it_across_restarts() {
         let dir = tempfile::tempdir().unwrap();
-        let ids = Identities::load(dir.path(), 7, false).unwrap();
+        let ids = Identities::load(dir.path(), 7, false, false).unwrap();
         // The log the member then opens and writes.
         write_log(dir.path());
         assert_eq!(ids.own(), 7);
@@ -250,7 +261,7 @@ mod tests {
         ));
         // Restarted: the directory keeps its own id (the fresh one offered is ignored) and
         // the peers' ids.
-        let again = Identities::load(dir.path(), 8, false).unwrap();
+        let again = Identities::load(dir.path(), 8, false, false).unwrap();
         assert_eq!(again.own(), 7);
         assert_eq!(again.recorded(2).await, Some(20));
         assert_eq!(again.recorded(3).await, Some(30));
@@ -275,15 +286,31 @@ mod tests {
         let mut own = 7;
         for (fresh, (how, forget)) in (9..).zip(forgets) {
             write_log(dir.path());
-            assert_eq!(Identities::load(dir.path(), 8, false).unwrap().own(), own);
+            assert_eq!(
+                Identities::load(dir.path(), 8, false, false).unwrap().own(),
+                own
+            );
             forget();
-            let wiped = Identities::load(dir.path(), fresh, false).unwrap();
+            let wiped = Identities::load(dir.path(), fresh, false, false).unwrap();
             assert_eq!(wiped.own(), fresh, "{how}: the old data id kept");
             own = fresh;
         }
+        // Without fsync (`--unsafe-no-fsync`) a segment is empty after every crash: only a
+        // missing `wal/` counts.
+        write_log(dir.path());
+        std::fs::write(&segment, b"").unwrap();
+        assert_eq!(
+            Identities::load(dir.path(), 20, false, true).unwrap().own(),
+            own
+        );
         // A new directory gets a new id.
         let other = tempfile::tempdir().unwrap();
-        assert_eq!(Identities::load(other.path(), 10, false).unwrap().own(), 10);
+        assert_eq!(
+            Identities::load(other.path(), 10, false, false)
+                .unwrap()
+                .own(),
+            10
+        );
     }
 
     /// A WAL segment with a record's worth of bytes in it.
@@ -297,18 +324,18 @@ mod tests {
     fn damaged_or_missing_records_are_refused_naming_the_file_and_the_fix() {
         let dir = tempfile::tempdir().unwrap();
         write_log(dir.path());
-        let e = Identities::load(dir.path(), 1, false)
+        let e = Identities::load(dir.path(), 1, false, false)
             .unwrap_err()
             .to_string();
         assert!(e.contains(DATA_ID_FILE) && e.contains("new id"), "{e}");
         std::fs::write(dir.path().join(DATA_ID_FILE), "not hex\n").unwrap();
-        let e = Identities::load(dir.path(), 1, false)
+        let e = Identities::load(dir.path(), 1, false, false)
             .unwrap_err()
             .to_string();
         assert!(e.contains(DATA_ID_FILE) && e.contains("new id"), "{e}");
         std::fs::write(dir.path().join(DATA_ID_FILE), format!("{:032x}\n", 5)).unwrap();
         std::fs::write(dir.path().join(PEERS_FILE), "2 zz\n").unwrap();
-        let e = Identities::load(dir.path(), 1, false)
+        let e = Identities::load(dir.path(), 1, false, false)
             .unwrap_err()
             .to_string();
         assert!(e.contains(PEERS_FILE) && e.contains("2 zz"), "{e}");
