@@ -124,6 +124,12 @@ where
     /// It will be reset to `None` when an successful response is received.
     backoff: Option<Backoff>,
 
+    /// RPCs to the target that failed since the last one that did not (quorate: only the
+    /// first failure of a run is logged above debug, and the end of the run at info; every
+    /// failure logged at warn and error was four lines a heartbeat per shard while a peer
+    /// was down).
+    failed: u64,
+
     /// The `RaftLogReader` of a `RaftStorage` interface.
     log_reader: LS::LogReader,
 
@@ -188,6 +194,7 @@ where
             snapshot_network: Arc::new(Mutex::new(snapshot_network)),
             snapshot_state: None,
             backoff: None,
+            failed: 0,
             log_reader,
             snapshot_reader,
             config,
@@ -248,6 +255,15 @@ where
                 Ok(next) => {
                     // reset backoff at once if replication succeeds
                     self.backoff = None;
+                    if self.failed > 0 {
+                        tracing::info!(
+                            failed = self.failed,
+                            "replication to target={} works again after {} failed RPCs",
+                            self.target,
+                            self.failed
+                        );
+                        self.failed = 0;
+                    }
 
                     // If the RPC was successful but not finished, continue.
                     if let Some(next) = next {
@@ -255,7 +271,13 @@ where
                     }
                 }
                 Err(err) => {
-                    tracing::warn!(error=%err, "error replication to target={}", self.target);
+                    let first = self.failed == 0;
+                    self.failed += 1;
+                    if first {
+                        tracing::warn!(error=%err, "error replication to target={}", self.target);
+                    } else {
+                        tracing::debug!(error=%err, failed = self.failed, "error replication to target={}", self.target);
+                    }
 
                     match err {
                         ReplicationError::Closed(closed) => {
@@ -281,7 +303,9 @@ where
                             return Ok(());
                         }
                         ReplicationError::RPCError(err) => {
-                            tracing::error!(err = display(&err), "RPCError");
+                            if first {
+                                tracing::error!(err = display(&err), "RPCError");
+                            }
 
                             let retry = match &err {
                                 RPCError::Timeout(_) => false,
@@ -593,7 +617,9 @@ where
     #[tracing::instrument(level = "debug", skip(self))]
     pub async fn backoff_drain_events(&mut self, until: InstantOf<C>) -> Result<(), ReplicationClosed> {
         let d = until - C::now();
-        tracing::warn!(
+        // quorate: debug, not warn; one line per backoff, i.e. per failed RPC, while a peer
+        // is unreachable (the first failure of a run is logged above).
+        tracing::debug!(
             interval = debug(d),
             "{} backoff mode: drain events without processing them",
             func_name!()

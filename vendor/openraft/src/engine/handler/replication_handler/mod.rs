@@ -284,14 +284,16 @@ where C: RaftTypeConfig
                 self.update_success_progress(target.clone(), request_id, p);
             }
             Err(err_str) => {
-                tracing::warn!(
+                // quorate: debug, not warn; the replication task logs the first failure of a
+                // run (these were two more lines a heartbeat per shard while a peer was down).
+                tracing::debug!(
                     request_id = display(request_id),
                     result = display(&err_str),
                     "update progress error"
                 );
 
                 if request_id == RequestId::HeartBeat {
-                    tracing::warn!("heartbeat error: {}, no update to inflight data", err_str);
+                    tracing::debug!("heartbeat error: {}, no update to inflight data", err_str);
                 } else {
                     // Reset inflight state and it will retry.
                     let p = self.leader.progress.get_mut(&target).unwrap();
