@@ -453,6 +453,38 @@ impl NodeOptions {
         }
     }
 
+    /// The settings given that only a cluster member reads, when no `peers` are: a single
+    /// node ignores them, and keeps its state in memory whatever `data_dir` says. The node
+    /// logs them at start (the container image sets `data_dir` for a member's sake, so they
+    /// are not refused).
+    pub fn ignored_without_peers(&self) -> Vec<&'static str> {
+        if self.peers.is_some() {
+            return Vec::new();
+        }
+        let set = [
+            ("data_dir", self.data_dir.is_some()),
+            ("heartbeat", self.heartbeat.is_some()),
+            ("election_timeout", self.election_timeout.is_some()),
+            ("unavailable_after", self.unavailable_after.is_some()),
+            ("write_timeout", self.write_timeout.is_some()),
+            ("batch_max", self.batch_max.is_some()),
+            ("batch_linger", self.batch_linger.is_some()),
+            ("fast_linger", self.fast_linger.is_some()),
+            ("fast_batch", self.fast_batch.is_some()),
+            ("pipeline", self.pipeline.is_some()),
+            ("denial_cache", self.denial_cache.is_some()),
+            ("snapshot_every", self.snapshot_every.is_some()),
+            ("snapshot_log_bytes", self.snapshot_log_bytes.is_some()),
+            ("wal_direct_io", self.wal_direct_io.is_some()),
+            ("join", self.join.is_some()),
+            ("unsafe_no_fsync", self.unsafe_no_fsync.is_some()),
+        ];
+        set.into_iter()
+            .filter(|(_, s)| *s)
+            .map(|(n, _)| n)
+            .collect()
+    }
+
     fn cluster_settings(
         &self,
         duration: &DurationParser,
@@ -793,6 +825,29 @@ mod tests {
         };
         assert_eq!(chosen.to_config().unwrap().shards, 16);
         assert_eq!(NodeOptions::default().to_config().unwrap().shards, 16);
+    }
+
+    /// A node without peers names the member-only settings it was given and ignores (a
+    /// `--data-dir` without `--peers` keeps nothing on disk); a member names none.
+    #[test]
+    fn member_only_settings_given_without_peers_are_named() {
+        let single = NodeOptions {
+            data_dir: Some("/data".into()),
+            election_timeout: Some("5".into()),
+            join: Some(true),
+            ..NodeOptions::default()
+        };
+        assert_eq!(
+            single.ignored_without_peers(),
+            ["data_dir", "election_timeout", "join"]
+        );
+        assert!(single.to_config().unwrap().cluster.is_none());
+        assert!(NodeOptions::default().ignored_without_peers().is_empty());
+        let member = NodeOptions {
+            election_timeout: Some("1s".into()),
+            ..member()
+        };
+        assert!(member.ignored_without_peers().is_empty());
     }
 
     #[test]

@@ -716,6 +716,7 @@ mod node {
             options.id = quorate::config::member_for_host(&members, &hostname());
         }
         let config = options.to_config().map_err(CliError::Settings)?;
+        let ignored = options.ignored_without_peers();
         let policies = match &config.policies {
             Some(path) => PolicySet::load(path).map_err(|e| CliError::Settings(e.to_string()))?,
             None => PolicySet::default_policies(),
@@ -726,6 +727,13 @@ mod node {
             })?;
         }
         crate::init_log(&args.log, "--log", false)?;
+        if !ignored.is_empty() {
+            tracing::warn!(
+                ignored = ignored.join(", "),
+                "no --peers: a single node, its state in memory; settings that only a cluster \
+                 member reads are ignored (give --peers to run a member)"
+            );
+        }
         if !thp_off {
             tracing::debug!(
                 "transparent huge pages stay on: the kernel refused PR_SET_THP_DISABLE"

@@ -32,6 +32,20 @@ period = "1s"
 on_unavailable = "allow"
 "#;
 
+/// A node whose policies come from a file (POLICIES), to rewrite and reload; the directory
+/// holding it lives as long as the returned guard.
+async fn start_with_policy_file() -> (Service, std::path::PathBuf, tempfile::TempDir) {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("quorate.toml");
+    std::fs::write(&path, POLICIES).unwrap();
+    let config = NodeConfig {
+        policies: Some(path.clone()),
+        ..NodeConfig::default()
+    };
+    let (s, _) = start(config).await;
+    (s, path, dir)
+}
+
 async fn start(config: NodeConfig) -> (Service, Arc<ManualClock>) {
     let clock = Arc::new(ManualClock::new(0));
     let policies = PolicySet::from_toml(POLICIES).unwrap();
@@ -137,14 +151,7 @@ async fn a_check_with_an_item_that_can_never_pass_spends_nothing() {
     // A retry under an id whose earlier attempt admitted the item that now can never pass
     // (a reload lowered the capacity below its cost) gets that admission replayed: the check
     // passes, and its other items must be charged.
-    let dir = tempfile::tempdir().unwrap();
-    let path = dir.path().join("quorate.toml");
-    std::fs::write(&path, POLICIES).unwrap();
-    let config = NodeConfig {
-        policies: Some(path.clone()),
-        ..NodeConfig::default()
-    };
-    let (reloaded, _) = start(config).await;
+    let (reloaded, path, _dir) = start_with_policy_file().await;
     let with_id = |items| CheckRequest {
         items,
         request_id: Some("n2".into()),
@@ -441,14 +448,7 @@ async fn inline_limits_follow_the_policy_file() {
 
 #[tokio::test]
 async fn a_reload_keeps_state_and_an_invalid_file_changes_nothing() {
-    let dir = tempfile::tempdir().unwrap();
-    let path = dir.path().join("quorate.toml");
-    std::fs::write(&path, POLICIES).unwrap();
-    let config = NodeConfig {
-        policies: Some(path.clone()),
-        ..NodeConfig::default()
-    };
-    let (s, _) = start(config).await;
+    let (s, path, _dir) = start_with_policy_file().await;
     s.check(req(vec![item("ip", "r", 2)])).await.unwrap();
     std::fs::write(&path, POLICIES.replace("limit = 3", "limit = 5")).unwrap();
     let report = s.reload().unwrap();

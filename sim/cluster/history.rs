@@ -344,7 +344,7 @@ impl FallbackRecord {
     }
 }
 
-/// The request ids (of items, `"{id}#{i}"`) that some node admitted by its `on_unavailable`
+/// The request ids (of items, as `item_request_id` names them) that some node admitted by its `on_unavailable`
 /// rule: such an admission is the node's, outside the log, so the checkers that hold an
 /// acknowledged admission to the log pass these by. (Coarse: an id admitted so once and
 /// answered by the log in a later attempt is passed by too.)

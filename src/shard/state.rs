@@ -41,6 +41,16 @@ impl Limits {
         shared
     }
 
+    /// Takes back a limit an entry held: forgotten at once if no other entry holds it (a key
+    /// whose limit changes with every check, inline, would otherwise leave one a check until
+    /// the next eviction).
+    fn release(&mut self, old: Arc<Limit>) {
+        // The set's reference and `old`.
+        if Arc::strong_count(&old) == 2 {
+            self.0.remove(&*old);
+        }
+    }
+
     /// Forgets the limits only this set holds.
     fn forget_unused(&mut self) {
         self.0.retain(|l| Arc::strong_count(l) > 1);
@@ -443,7 +453,8 @@ impl ShardState {
             if *e.limit != *limit {
                 // A reload changed the key's limit: its state is converted from the old one.
                 limit.adopt(&e.limit, &mut e.state, now);
-                e.limit = self.limits.get(limit);
+                let old = std::mem::replace(&mut e.limit, self.limits.get(limit));
+                self.limits.release(old);
             }
             return (limit.decide(&mut e.state, now, cost), Fallback::No);
         }
@@ -650,6 +661,12 @@ mod tests {
                 2,
                 vec![check(&format!("own{i}"), &own, 1, None)],
             ));
+        }
+        assert_eq!(copies(&s).len(), 11);
+        // A key whose limit changes at every check holds one limit, not one a check.
+        for i in 0..5 {
+            let next = Limit::new(Algorithm::Gcra, 50 + i, SECOND, 10).unwrap();
+            s.apply(&Batch::at(3, vec![check("own0", &next, 1, None)]));
         }
         assert_eq!(copies(&s).len(), 11);
         // Every bucket full again: every key evicted, and every limit with them.

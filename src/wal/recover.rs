@@ -322,8 +322,10 @@ fn synced_past(file: &File, mut at: u64, bad: u64, file_len: u64) -> io::Result<
 ///
 /// A record's bytes are looked through here, so a client's key could hold a mark; but to
 /// refuse a torn tail with one, it would have to sit after the tear, in a write that was not
-/// synced, name an offset between the tear and itself, and its length lead to the log's end;
-/// and refusing is the safe side (nothing is cut; the node is replaced).
+/// synced, name an offset between the tear and itself, and have a length that leads to the
+/// log's end or past the file (a length past the file is taken for a last write torn short,
+/// so this part is easy to forge); and refusing is the safe side (nothing is cut; the node
+/// is replaced).
 fn mark_beyond(file: &File, bad: u64, file_len: u64) -> io::Result<Option<u64>> {
     const CHUNK: usize = 1 << 20;
     let want_len = ((SYNC_MARK_LEN - FRAME_HEADER) as u32).to_le_bytes();

@@ -89,7 +89,9 @@ async fn refuse<S: Stream>(mut stream: S, peer: SocketAddr, service: &Service) {
         .connections_refused
         .with_label_values(&["resp"])
         .inc();
-    tracing::warn!(api = "resp", %peer, "connection refused: max number of clients reached");
+    // Debug, as over HTTP: a client opening connections past the cap would otherwise write
+    // a line each; the counter has every one.
+    tracing::debug!(api = "resp", %peer, "connection refused: max number of clients reached");
     let _ = tokio::time::timeout(Duration::from_millis(100), async {
         stream.write_all(MAX_CLIENTS_REPLY).await?;
         stream.shutdown().await

@@ -130,6 +130,10 @@ where
     /// was down).
     failed: u64,
 
+    /// The kind of the last failure of the run ([`failure_kind`]): a failure of another kind
+    /// is logged like a first one, so the log shows the cause change.
+    failed_kind: &'static str,
+
     /// The `RaftLogReader` of a `RaftStorage` interface.
     log_reader: LS::LogReader,
 
@@ -195,6 +199,7 @@ where
             snapshot_state: None,
             backoff: None,
             failed: 0,
+            failed_kind: "",
             log_reader,
             snapshot_reader,
             config,
@@ -271,8 +276,10 @@ where
                     }
                 }
                 Err(err) => {
-                    let first = self.failed == 0;
+                    let kind = failure_kind(&err);
+                    let first = self.failed == 0 || kind != self.failed_kind;
                     self.failed += 1;
+                    self.failed_kind = kind;
                     if first {
                         tracing::warn!(error=%err, "error replication to target={}", self.target);
                     } else {
@@ -926,5 +933,20 @@ where
             matching.index().display(),
             to_send.prev.index().display()
         );
+    }
+}
+
+/// quorate: a replication error's kind, to tell a run of failures of one cause from a change
+/// of cause (see `ReplicationCore::failed_kind`).
+fn failure_kind<NID: crate::NodeId, N: crate::Node>(err: &ReplicationError<NID, N>) -> &'static str {
+    match err {
+        ReplicationError::HigherVote(_) => "higher vote",
+        ReplicationError::Closed(_) => "closed",
+        ReplicationError::StorageError(_) => "storage",
+        ReplicationError::RPCError(RPCError::Timeout(_)) => "timeout",
+        ReplicationError::RPCError(RPCError::Unreachable(_)) => "unreachable",
+        ReplicationError::RPCError(RPCError::PayloadTooLarge(_)) => "payload too large",
+        ReplicationError::RPCError(RPCError::Network(_)) => "network",
+        ReplicationError::RPCError(RPCError::RemoteError(_)) => "remote",
     }
 }
