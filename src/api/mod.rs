@@ -9,3 +9,12 @@
 
 pub mod http;
 pub mod resp;
+
+/// The byte written as two hex digits at `i` of `text`, if there are two there: RESP's
+/// inline `\xHH` escapes and HTTP's `%HH` query escapes.
+pub(crate) fn hex_pair(text: &[u8], i: usize) -> Option<u8> {
+    let digit = |b: u8| char::from(b).to_digit(16);
+    let hi = digit(*text.get(i)?)?;
+    let lo = digit(*text.get(i + 1)?)?;
+    u8::try_from(hi * 16 + lo).ok()
+}

@@ -43,24 +43,24 @@ pub struct Authorize {
 /// escape would silently become another key.
 pub fn check_escapes(raw: Option<&str>) -> Result<(), Reject> {
     let Some(raw) = raw else { return Ok(()) };
+    let raw = raw.as_bytes();
     let mut decoded = Vec::with_capacity(raw.len());
-    let mut bytes = raw.bytes();
-    while let Some(b) = bytes.next() {
-        if b != b'%' {
-            decoded.push(b);
+    let mut i = 0;
+    while i < raw.len() {
+        if raw[i] != b'%' {
+            decoded.push(raw[i]);
+            i += 1;
             continue;
         }
-        let hex = |d: Option<u8>| d.and_then(|d| char::from(d).to_digit(16));
-        match (hex(bytes.next()), hex(bytes.next())) {
-            (Some(hi), Some(lo)) => decoded.push((hi * 16 + lo) as u8),
-            _ => {
-                return Err(Reject::bad(
-                    "bad_query",
-                    "the query has a `%` not followed by two hex digits; write `%` itself as \
-                     %25 and escape other bytes as %XX",
-                ))
-            }
-        }
+        let Some(byte) = crate::api::hex_pair(raw, i + 1) else {
+            return Err(Reject::bad(
+                "bad_query",
+                "the query has a `%` not followed by two hex digits; write `%` itself as %25 \
+                 and escape other bytes as %XX",
+            ));
+        };
+        decoded.push(byte);
+        i += 3;
     }
     match std::str::from_utf8(&decoded) {
         Ok(_) => Ok(()),
@@ -181,11 +181,17 @@ pub fn parse_authorize(
     })
 }
 
+/// A whole number in decimal digits only (`u64::from_str` also takes a leading `+`), if it
+/// fits.
+fn digits(text: &str) -> Option<u64> {
+    let all_digits = !text.is_empty() && text.bytes().all(|b| b.is_ascii_digit());
+    text.parse().ok().filter(|_| all_digits)
+}
+
 fn parse_cost(text: &str) -> Result<u64, Reject> {
-    let digits = !text.is_empty() && text.bytes().all(|b| b.is_ascii_digit());
-    match text.parse::<u64>() {
-        Ok(c) if digits => Ok(c),
-        _ => Err(Reject::bad(
+    match digits(text) {
+        Some(c) => Ok(c),
+        None => Err(Reject::bad(
             "invalid_field",
             format!(
                 "`cost` = {} is not a whole number from 0 to {}; send the units to spend (0 \
@@ -334,8 +340,8 @@ fn empty(header: &HeaderName) -> Reject {
 }
 
 fn parse_hops(text: &str) -> Result<usize, Reject> {
-    match text.parse::<usize>() {
-        Ok(n) if (1..=MAX_HOPS).contains(&n) && text.bytes().all(|b| b.is_ascii_digit()) => Ok(n),
+    match digits(text).and_then(|n| usize::try_from(n).ok()) {
+        Some(n) if (1..=MAX_HOPS).contains(&n) => Ok(n),
         _ => Err(Reject::bad(
             "bad_query",
             format!(

@@ -4,6 +4,7 @@
 //! must end its argument. A line is bounded by the frame parser before it gets here.
 
 use super::frame::ProtocolError;
+use crate::api::hex_pair;
 use bytes::Bytes;
 
 /// The arguments of one inline line (without its line end), at most `max_args` of them (the
@@ -99,14 +100,6 @@ fn closes_argument(next: Option<u8>) -> Result<(), ProtocolError> {
         Some(b) if !b.is_ascii_whitespace() => Err(ProtocolError::UnbalancedQuotes),
         _ => Ok(()),
     }
-}
-
-/// The byte written as two hex digits at `i`, if there are two.
-fn hex_pair(line: &[u8], i: usize) -> Option<u8> {
-    let digit = |b: u8| char::from(b).to_digit(16);
-    let hi = digit(*line.get(i)?)?;
-    let lo = digit(*line.get(i + 1)?)?;
-    u8::try_from(hi * 16 + lo).ok()
 }
 
 #[cfg(test)]
