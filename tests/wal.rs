@@ -253,6 +253,19 @@ async fn a_flipped_byte_in_a_synced_record_refuses_the_log_and_cuts_nothing() {
             "the log was changed"
         );
     }
+    // With the closing mark damaged too, the marks after the record no longer lead to the
+    // log's end (the search past damage finds no proof), but the mark right after its write
+    // still says it was synced: refused all the same.
+    let mut twice = bytes.clone();
+    twice[(third + MARK + 17 + 100) as usize] ^= 0x01;
+    let closing = twice.len() - 3;
+    twice[closing] ^= 0x01;
+    std::fs::write(segment(dir.path()), &twice).unwrap();
+    assert!(
+        Wal::open(dir.path()).is_err(),
+        "a damaged synced record cut as torn when the closing mark is damaged too"
+    );
+    assert_eq!(std::fs::read(segment(dir.path())).unwrap(), twice);
     // The first write's mark too: a segment begins with a write.
     bytes[3] ^= 0x40;
     std::fs::write(segment(dir.path()), &bytes).unwrap();
